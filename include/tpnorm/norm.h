@@ -1,0 +1,79 @@
+// tpnorm/norm.h — hidden-sharded LayerNorm and RMSNorm (tensor parallelism).
+//
+// Each rank holds a slice of the hidden dimension: x is [rows, hidden_local] (any leading dims
+// are flattened into rows; the last dim is this rank's slice). Rows must agree across ranks;
+// hidden_local may differ and may be 0. With n = sum of hidden_local over ranks:
+//
+//   LayerNorm:  mu = sum(x)/n   var = max(sum(x^2)/n - mu^2, 0)   rstd = 1/sqrt(var + eps)
+//               xhat = (x - mu) * rstd                            y = gamma * xhat + beta
+//   RMSNorm:    rstd = 1/sqrt(sum(x^2)/n + eps)   xhat = x * rstd  y = gamma * xhat
+//
+// Backward, with g = dy * gamma (dy when gamma is absent) and sums over the full row:
+//   LayerNorm:  dx = rstd * (g - sum(g)/n - xhat * sum(g*xhat)/n)
+//   RMSNorm:    dx = rstd * (g - xhat * sum(g*xhat)/n)
+//   dgamma = sum over this rank's rows of dy*xhat, dbeta = sum of dy: this rank's slice of
+//   gamma, so no further communication is needed in tensor parallelism.
+//
+// Every call makes exactly ONE all_reduce_sum on `comm`, packing every row's statistics plus a
+// small header (error flag, element count, and a fingerprint of the call unless
+// NormOptions::check_agreement is off). Payload per rank, in values of the wire type
+// (float64 for Stats::kRobust, float32 for Stats::kNaive):
+//   LayerNorm: 2*rows + H     RMSNorm: rows + H     with H = 10 (agreement on) or 2 (off).
+//
+// dtypes: x, y, dy, dx, gamma, beta, dgamma, dbeta share one storage dtype (fp32, fp16, bf16;
+// fp32 or fp64 accumulation inside); mean and rstd are float32 or float64 [rows]. All views
+// live on comm.device(). Errors: tpnorm::Error on every rank together (see tpnorm/error.h).
+#pragma once
+
+#include "tpnorm/communicator.h"
+#include "tpnorm/tensor.h"
+
+namespace tpnorm {
+
+/// How partial statistics are accumulated and sent.
+enum class Stats : int32_t {
+  /// float64 moments (accumulated around a per-shard pivot on CPU, Welford/Chan on GPU):
+  /// accurate even when |mean| >> std, e.g. 1e4 + N(0,1). The default.
+  kRobust = 0,
+  /// float32 sum and sum of squares, E[x^2] - E[x]^2: half the bytes, cancels catastrophically
+  /// when |mean| >> std. Global element counts must stay below 2^24.
+  kNaive = 1,
+};
+
+/// Options shared by the norm calls. Grows by appending fields with defaults.
+struct NormOptions {
+  double eps = 1e-5;             ///< > 0 and finite
+  Stats stats = Stats::kRobust;  ///< how partial statistics are accumulated and sent
+  bool check_agreement = true;   ///< fold a fingerprint of the call into the collective
+  int num_threads = 0;           ///< CPU threads per rank; 0 = OpenMP's default
+};
+
+/// LayerNorm forward.
+/// [in]  x      [rows, hidden_local]
+/// [in]  gamma  [hidden_local] or absent (= 1);  beta [hidden_local] or absent (= 0)
+/// [out] y      [rows, hidden_local], same dtype as x
+/// [out] mean, rstd  [rows] float32/float64, saved for backward; may be absent (inference)
+void layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
+                        const TensorView& beta, const TensorView& y, const TensorView& mean,
+                        const TensorView& rstd, const NormOptions& opt = {});
+
+/// LayerNorm backward.
+/// [in]  dy, x  [rows, hidden_local];  gamma [hidden_local] or absent
+/// [in]  mean, rstd  [rows] as written by layer_norm_forward
+/// [out] dx  [rows, hidden_local]
+/// [out] dgamma, dbeta  [hidden_local] or absent: sums over this rank's rows (overwritten)
+void layer_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
+                         const TensorView& gamma, const TensorView& mean, const TensorView& rstd,
+                         const TensorView& dx, const TensorView& dgamma, const TensorView& dbeta,
+                         const NormOptions& opt = {});
+
+/// RMSNorm forward. Arguments as layer_norm_forward without beta and mean.
+void rms_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
+                      const TensorView& y, const TensorView& rstd, const NormOptions& opt = {});
+
+/// RMSNorm backward. Arguments as layer_norm_backward without mean and dbeta.
+void rms_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
+                       const TensorView& gamma, const TensorView& rstd, const TensorView& dx,
+                       const TensorView& dgamma, const NormOptions& opt = {});
+
+}  // namespace tpnorm

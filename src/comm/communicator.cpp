@@ -1,0 +1,56 @@
+// communicator.cpp — the counted all_reduce_sum front, the single-process communicator, and
+// the shared failure path of the TPNORM_CHECK family.
+#include "tpnorm/communicator.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "common/check.h"
+
+namespace tpnorm {
+
+void Communicator::all_reduce_sum(void* buf, size_t count, DType dtype) {
+  counters_.calls += 1;
+  counters_.bytes_sent += count * dtype_size(dtype);
+  if (count > 0) do_all_reduce_sum(buf, count, dtype);
+}
+
+int64_t Communicator::default_strict_calls() {
+  const char* v = std::getenv("TPNORM_STRICT_CALLS");
+  return v && *v ? std::strtoll(v, nullptr, 10) : 16;
+}
+
+namespace {
+
+class SingleCommunicator final : public Communicator {
+ public:
+  explicit SingleCommunicator(Device d) : device_(d) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  Device device() const override { return device_; }
+
+ protected:
+  void do_all_reduce_sum(void*, size_t, DType) override {}  // the sum over one rank
+
+ private:
+  Device device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_communicator(Device device) {
+  return std::make_unique<SingleCommunicator>(device);
+}
+
+namespace detail {
+
+void throw_check_failure(const char* kind, const char* stmt, const char* file, int line,
+                         const std::string& detail) {
+  std::ostringstream s;
+  s << "tpnorm: " << kind << " call failed: " << stmt << " at " << file << ':' << line << ": "
+    << detail;
+  throw Error(ErrorCode::kCommunication, s.str());
+}
+
+}  // namespace detail
+}  // namespace tpnorm

@@ -1,0 +1,42 @@
+// row_norm.h — CPU kernels of the row norms (LayerNorm, RMSNorm) with a sharded hidden dim.
+//
+// The kernels know nothing of communication: partial_* reduce this rank's columns of every row
+// into a packed stats buffer; the op sums that buffer over ranks; apply_* finish each element
+// from the summed statistics. Rows are contiguous with h columns each; h may be 0.
+//
+// Stats layout per row: centred (LayerNorm) = {sum x, sum x^2}, RMS = {sum x^2}; backward:
+// centred = {sum g, sum g*xhat}, RMS = {sum g*xhat}; g = dy*gamma. W (the wire type) is double
+// in the robust mode (forward sums accumulated around a per-row pivot, so 1e4 + N(0,1) loses
+// nothing) and float in the naive mode.
+#pragma once
+
+#include <cstdint>
+
+namespace tpnorm::kernels::cpu {
+
+struct RowNormArgs {
+  int64_t rows = 0;
+  int64_t h = 0;           ///< this rank's columns
+  bool centered = true;    ///< LayerNorm (true) or RMSNorm (false)
+  int threads = 0;         ///< 0: OpenMP default
+};
+
+template <class T, class W>
+void row_partial_forward(const RowNormArgs& a, const T* x, W* stats);
+
+/// mean/rstd may be null (not saved). n: global count per row; stats: summed over ranks.
+template <class T, class W, class S>
+void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T* beta,
+                       const W* stats, double n, double eps, T* y, S* mean, S* rstd);
+
+template <class T, class W, class S>
+void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+                          const S* mean, const S* rstd, W* stats);
+
+/// dgamma / dbeta may be null; they are overwritten with sums over this rank's rows.
+template <class T, class W, class S>
+void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+                        const S* mean, const S* rstd, const W* stats, double n, T* dx,
+                        T* dgamma, T* dbeta);
+
+}  // namespace tpnorm::kernels::cpu

@@ -1,0 +1,196 @@
+// packed_call.cpp — see packed_call.h for the buffer layout and the agreement rule.
+#include "ops/packed_call.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+namespace tpnorm::detail {
+namespace {
+
+constexpr int kChunks = 4;
+constexpr size_t kHeaderBase = 2;
+constexpr size_t kHeaderFull = kHeaderBase + 2 * kChunks;
+
+// Widest chunk whose square, summed over `ranks`, stays an exact integer in the wire type.
+int chunk_bits(DType wire, int ranks) {
+  const int mantissa = wire == DType::F64 ? 53 : 24;
+  int lg = 0;
+  while ((1LL << lg) < ranks) ++lg;
+  const int b = (mantissa - lg) / 2;
+  return b > 16 ? 16 : (b < 1 ? 1 : b);
+}
+
+uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+double load(const void* base, DType wire, size_t i) {
+  return wire == DType::F64 ? static_cast<const double*>(base)[i]
+                            : static_cast<double>(static_cast<const float*>(base)[i]);
+}
+void store(void* base, DType wire, size_t i, double v) {
+  if (wire == DType::F64)
+    static_cast<double*>(base)[i] = v;
+  else
+    static_cast<float*>(base)[i] = static_cast<float>(v);
+}
+
+std::string fmt(double v) {
+  char b[32];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
+    std::snprintf(b, sizeof b, "%.0f", v);
+  else
+    std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+// Diagnostic table row: [failed, code, nfields, fields[16], op name[32], message[160]].
+constexpr size_t kMaxFields = 16, kOpChars = 32, kMsgChars = 160;
+constexpr size_t kRowFields = 3, kRowOp = kRowFields + kMaxFields, kRowMsg = kRowOp + kOpChars;
+constexpr size_t kRow = kRowMsg + kMsgChars;
+
+void put_text(double* dst, size_t cap, const std::string& s) {
+  for (size_t i = 0; i < cap - 1 && i < s.size(); ++i)
+    dst[i] = static_cast<unsigned char>(s[i]);
+}
+std::string get_text(const double* src, size_t cap) {
+  std::string s;
+  for (size_t i = 0; i < cap && src[i] != 0; ++i) s.push_back(static_cast<char>(src[i]));
+  return s;
+}
+
+}  // namespace
+
+PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement)
+    : comm_(comm), op_(op), wire_(wire), check_(check_agreement) {
+  agree("sequence", static_cast<double>(comm.next_sequence()));
+  if (comm_.strict_now()) check_ = true;
+  header_values_ = check_ ? kHeaderFull : kHeaderBase;
+}
+
+void PackedCall::agree(const char* name, double value) {
+  if (fields_.size() < kMaxFields) fields_.push_back({name, value});
+}
+
+void PackedCall::fail(const std::string& message, ErrorCode code) {
+  if (failed_) return;
+  failed_ = true;
+  code_ = code;
+  message_ = message;
+}
+
+void PackedCall::prepare(size_t payload_values, double local_count) {
+  payload_values_ = payload_values;
+  local_count_ = local_count;
+  const size_t bytes = (header_values_ + payload_values) * dtype_size(wire_);
+  bytes_.assign((bytes + 7) / 8, 0.0);
+}
+
+void PackedCall::write_header(void* base) const {
+  store(base, wire_, 0, failed_ ? 1.0 : 0.0);
+  store(base, wire_, 1, failed_ ? 0.0 : local_count_);
+  if (!check_) return;
+  uint64_t h = fnv1a(0xcbf29ce484222325ULL, op_, std::strlen(op_));
+  const double wire_id = static_cast<double>(wire_);
+  h = fnv1a(h, &wire_id, sizeof wire_id);
+  for (const FieldValue& f : fields_) {
+    h = fnv1a(h, f.name, std::strlen(f.name));
+    h = fnv1a(h, &f.value, sizeof f.value);
+  }
+  const int b = chunk_bits(wire_, comm_.size());
+  for (int i = 0; i < kChunks; ++i) {
+    const double c = static_cast<double>((h >> (16 * i)) & ((1ULL << b) - 1));
+    store(base, wire_, kHeaderBase + 2 * i, c);
+    store(base, wire_, kHeaderBase + 2 * i + 1, c * c);
+  }
+}
+
+void PackedCall::check_header(const void* base) {
+  bool bad = load(base, wire_, 0) != 0.0;
+  if (check_) {
+    const double p = comm_.size();
+    for (int i = 0; i < kChunks; ++i) {
+      const double s1 = load(base, wire_, kHeaderBase + 2 * i);
+      const double s2 = load(base, wire_, kHeaderBase + 2 * i + 1);
+      if (p * s2 != s1 * s1) bad = true;
+    }
+  }
+  if (bad) diagnose();
+  global_count_ = load(base, wire_, 1);
+}
+
+void PackedCall::reduce() {
+  if (bytes_.empty()) prepare(0, 0);
+  void* base = bytes_.data();
+  write_header(base);
+  char* pay = static_cast<char*>(base) + header_values_ * dtype_size(wire_);
+  if (failed_) std::memset(pay, 0, payload_values_ * dtype_size(wire_));  // nothing half-made
+  if (comm_.strict_now()) {
+    comm_.all_reduce_sum(base, header_values_, wire_);
+    check_header(base);
+    comm_.all_reduce_sum(pay, payload_values_, wire_);
+  } else {
+    comm_.all_reduce_sum(base, header_values_ + payload_values_, wire_);
+    check_header(base);
+  }
+}
+
+void PackedCall::diagnose() {
+  const int p = comm_.size(), me = comm_.rank();
+  std::vector<double> table(static_cast<size_t>(p) * kRow, 0.0);
+  double* row = table.data() + static_cast<size_t>(me) * kRow;
+  row[0] = failed_ ? 1 : 0;
+  row[1] = static_cast<double>(code_);
+  row[2] = static_cast<double>(fields_.size());
+  for (size_t i = 0; i < fields_.size(); ++i) row[kRowFields + i] = fields_[i].value;
+  put_text(row + kRowOp, kOpChars, op_);
+  put_text(row + kRowMsg, kMsgChars, message_);
+  comm_.all_reduce_sum(table.data(), table.size(), DType::F64);
+
+  auto at = [&](int r) { return table.data() + static_cast<size_t>(r) * kRow; };
+  std::ostringstream s;
+  ErrorCode code = ErrorCode::kMismatch;
+  int shown = 0;
+  for (int r = 0; r < p; ++r) {
+    if (at(r)[0] == 0) continue;
+    if (shown == 0) {
+      code = static_cast<ErrorCode>(static_cast<int>(at(r)[1]));
+      s << "tpnorm: " << get_text(at(r) + kRowOp, kOpChars) << " failed";
+    }
+    if (shown < 4) s << (shown ? "; " : ": ") << "rank " << r << ": "
+                     << get_text(at(r) + kRowMsg, kMsgChars);
+    ++shown;
+  }
+  if (shown > 4) s << "; and " << shown - 4 << " more ranks";
+  if (shown == 0) {
+    const std::string op0 = get_text(at(0) + kRowOp, kOpChars);
+    bool same_op = true;
+    for (int r = 1; r < p; ++r) same_op &= get_text(at(r) + kRowOp, kOpChars) == op0;
+    if (!same_op) {
+      s << "tpnorm: ranks disagree on the call:";
+      for (int r = 0; r < p; ++r) s << (r ? "," : "") << " rank " << r << " called "
+                                     << get_text(at(r) + kRowOp, kOpChars);
+    } else {
+      size_t field = fields_.size();
+      for (size_t i = 0; i < fields_.size() && field == fields_.size(); ++i)
+        for (int r = 1; r < p; ++r)
+          if (at(r)[kRowFields + i] != at(0)[kRowFields + i]) field = i;
+      s << "tpnorm: " << op0 << ": ranks disagree on ";
+      if (field == fields_.size()) {
+        s << "the statistics mode (wire dtype)";
+      } else {
+        s << "'" << fields_[field].name << "': values by rank [";
+        for (int r = 0; r < p; ++r) s << (r ? ", " : "") << fmt(at(r)[kRowFields + field]);
+        s << "]";
+      }
+    }
+  }
+  throw Error(code, s.str());
+}
+
+}  // namespace tpnorm::detail

@@ -1,0 +1,77 @@
+// packed_call.h — the reduce phase shared by every op: one packed buffer, one collective, and
+// the cross-rank agreement that makes a failure on one rank the same failure on all ranks.
+//
+// Buffer layout (wire type W: double for Stats::kRobust, float for Stats::kNaive):
+//   [0]            number of ranks whose local validation failed (each adds 0 or 1)
+//   [1]            this rank's element count of every statistic set (summed: the global count)
+//   [2 .. 2+2K)    K = 4 fingerprint chunks c_i and c_i^2 (only with check_agreement): all ranks
+//                  sent the same chunk iff P * sum(c^2) == sum(c)^2, exact in W by choosing the
+//                  chunk width from P and W's mantissa
+//   [header ..)    the op's payload, e.g. per-row (sum x, sum x^2)
+//
+// On a failed or disagreeing call every rank makes one more collective (a table of every rank's
+// fingerprint fields and error text) and throws the same tpnorm::Error. In strict mode
+// (Communicator::strict_now) the header travels in its own small collective before the payload,
+// so ranks that disagree on sizes never enter payload collectives of different lengths.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "tpnorm/communicator.h"
+#include "tpnorm/error.h"
+
+namespace tpnorm::detail {
+
+class PackedCall {
+ public:
+  /// [in] op: a string literal naming the public call, e.g. "layer_norm_forward".
+  PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement);
+
+  /// Adds a field every rank must agree on to the fingerprint (name: a string literal).
+  void agree(const char* name, double value);
+  /// Records a local failure (the first one wins); the call still joins the collective.
+  void fail(const std::string& message, ErrorCode code = ErrorCode::kInvalidArgument);
+  bool failed() const { return failed_; }
+
+  /// Sizes the zeroed payload (values of the wire type) and sets this rank's element count.
+  void prepare(size_t payload_values, double local_count);
+  template <class W>
+  W* payload() {
+    return reinterpret_cast<W*>(bytes_.data()) + header_values_;
+  }
+  DType wire() const { return wire_; }
+  size_t payload_values() const { return payload_values_; }
+
+  /// The ONE collective of the call (plus the strict pre-check while strict). Throws the same
+  /// tpnorm::Error on every rank when any rank failed or the ranks disagree.
+  void reduce();
+  /// After reduce(): the sum of local counts over all ranks.
+  double global_count() const { return global_count_; }
+
+ private:
+  struct FieldValue {
+    const char* name;
+    double value;
+  };
+  void write_header(void* base) const;
+  void check_header(const void* base);
+  [[noreturn]] void diagnose();
+
+  Communicator& comm_;
+  const char* op_;
+  DType wire_;
+  bool check_;
+  bool failed_ = false;
+  ErrorCode code_ = ErrorCode::kInvalidArgument;
+  std::string message_;
+  std::vector<FieldValue> fields_;
+  size_t header_values_;
+  size_t payload_values_ = 0;
+  double local_count_ = 0;
+  double global_count_ = 0;
+  std::vector<double> bytes_;  // header + payload, 8-byte aligned storage for either W
+};
+
+}  // namespace tpnorm::detail

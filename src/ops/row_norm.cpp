@@ -1,0 +1,184 @@
+// row_norm.cpp — the LayerNorm / RMSNorm pipelines: validate -> partial -> ONE reduce -> apply.
+//
+// LayerNorm and RMSNorm differ only in `centered` (see tpnorm/norm.h for the formulas); both
+// go through forward() and backward() below. Nothing is written to an output before the
+// collective has confirmed that every rank's arguments are valid and agree.
+#include <cmath>
+
+#include "common/dispatch.h"
+#include "kernels/cpu/row_norm.h"
+#include "ops/packed_call.h"
+#include "ops/validate.h"
+#include "tpnorm/norm.h"
+
+namespace tpnorm {
+namespace {
+
+namespace kc = kernels::cpu;
+
+struct Geometry {
+  int64_t rows = 0, h = 0;
+};
+Geometry geometry(const TensorView& x) {
+  Geometry g;
+  if (x.shape.ndim == 0 || x.numel() < 0) return g;
+  g.h = x.shape[x.shape.ndim - 1];
+  g.rows = 1;
+  for (int i = 0; i + 1 < x.shape.ndim; ++i) g.rows *= x.shape[i];
+  return g;
+}
+
+DType wire_of(Stats s) { return s == Stats::kNaive ? DType::F32 : DType::F64; }
+
+constexpr double kNaiveCountLimit = 16777216.0;  // 2^24: float32 counts stop being exact
+
+void agree_common(detail::PackedCall& call, const TensorView& x, const Geometry& g,
+                  const NormOptions& opt, bool centered) {
+  call.agree("rows", static_cast<double>(g.rows));
+  call.agree("dtype", static_cast<double>(x.dtype));
+  call.agree("centered", centered ? 1 : 0);
+  call.agree("stats", static_cast<double>(opt.stats));
+}
+
+void check_naive_count(detail::PackedCall& call, const NormOptions& opt) {
+  if (opt.stats == Stats::kNaive && call.global_count() >= kNaiveCountLimit)
+    throw Error(ErrorCode::kInvalidArgument,
+                "tpnorm: the naive statistics mode supports fewer than 2^24 elements per row; "
+                "use Stats::kRobust");
+}
+
+void forward(const char* op, bool centered, Communicator& comm, const TensorView& x,
+             const TensorView& gamma, const TensorView& beta, const TensorView& y,
+             const TensorView& mean, const TensorView& rstd, const NormOptions& opt) {
+  const Geometry g = geometry(x);
+  detail::PackedCall call(comm, op, wire_of(opt.stats), opt.check_agreement);
+  detail::Validator v(call, comm.device());
+  v.eps(opt.eps) && v.usable("x", x) &&
+      v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) && v.usable("y", y) &&
+      v.same_shape("y", y, x.shape) && v.same_dtype("y", y, x.dtype) &&
+      v.optional("gamma", gamma, g.h, x.dtype) && v.optional("beta", beta, g.h, x.dtype) &&
+      v.optional("rstd", rstd, g.rows, rstd.dtype) &&
+      (!rstd.present() || v.dtype_in("rstd", rstd, {DType::F32, DType::F64})) &&
+      (!centered || v.optional("mean", mean, g.rows, rstd.present() ? rstd.dtype : mean.dtype)) &&
+      (!mean.present() || v.dtype_in("mean", mean, {DType::F32, DType::F64}));
+  agree_common(call, x, g, opt, centered);
+  call.agree("eps", opt.eps);
+  call.agree("gamma", gamma.present() ? 1 : 0);
+  call.agree("beta", beta.present() ? 1 : 0);
+
+  const int per_row = centered ? 2 : 1;
+  // Same payload length on every rank that agrees on rows, failed or not.
+  call.prepare(static_cast<size_t>(g.rows > 0 ? g.rows * per_row : 0), static_cast<double>(g.h));
+  const kc::RowNormArgs a{g.rows, g.h, centered, opt.num_threads};
+  if (!call.failed()) {
+    detail::dispatch_storage(x.dtype, [&](auto t) {
+      using T = decltype(t);
+      detail::dispatch_acc(call.wire(), [&](auto w) {
+        using W = decltype(w);
+        kc::row_partial_forward<T, W>(a, static_cast<const T*>(x.data), call.payload<W>());
+      });
+    });
+  }
+  call.reduce();
+  check_naive_count(call, opt);
+
+  const DType sdt = rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);
+  detail::dispatch_storage(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    detail::dispatch_acc(call.wire(), [&](auto w) {
+      using W = decltype(w);
+      detail::dispatch_acc(sdt, [&](auto s) {
+        using S = decltype(s);
+        kc::row_apply_forward<T, W, S>(
+            a, static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
+            static_cast<const T*>(beta.data), call.payload<W>(), call.global_count(), opt.eps,
+            static_cast<T*>(y.data), centered ? static_cast<S*>(mean.data) : nullptr,
+            static_cast<S*>(rstd.data));
+      });
+    });
+  });
+}
+
+void backward(const char* op, bool centered, Communicator& comm, const TensorView& dy,
+              const TensorView& x, const TensorView& gamma, const TensorView& mean,
+              const TensorView& rstd, const TensorView& dx, const TensorView& dgamma,
+              const TensorView& dbeta, const NormOptions& opt) {
+  const Geometry g = geometry(x);
+  detail::PackedCall call(comm, op, wire_of(opt.stats), opt.check_agreement);
+  detail::Validator v(call, comm.device());
+  v.usable("x", x) && v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) &&
+      v.usable("dy", dy) && v.same_shape("dy", dy, x.shape) && v.same_dtype("dy", dy, x.dtype) &&
+      v.usable("dx", dx) && v.same_shape("dx", dx, x.shape) && v.same_dtype("dx", dx, x.dtype) &&
+      v.optional("gamma", gamma, g.h, x.dtype) && v.usable("rstd", rstd) &&
+      v.numel_is("rstd", rstd, g.rows) && v.dtype_in("rstd", rstd, {DType::F32, DType::F64}) &&
+      (!centered || (v.usable("mean", mean) && v.numel_is("mean", mean, g.rows) &&
+                     v.same_dtype("mean", mean, rstd.dtype))) &&
+      v.optional("dgamma", dgamma, g.h, x.dtype) && v.optional("dbeta", dbeta, g.h, x.dtype);
+  agree_common(call, x, g, opt, centered);
+  call.agree("gamma", gamma.present() ? 1 : 0);
+
+  const int per_row = centered ? 2 : 1;
+  // Same payload length on every rank that agrees on rows, failed or not.
+  call.prepare(static_cast<size_t>(g.rows > 0 ? g.rows * per_row : 0), static_cast<double>(g.h));
+  const kc::RowNormArgs a{g.rows, g.h, centered, opt.num_threads};
+  auto run = [&](auto&& body) {
+    detail::dispatch_storage(x.dtype, [&](auto t) {
+      detail::dispatch_acc(call.wire(), [&](auto w) {
+        detail::dispatch_acc(rstd.dtype, [&](auto s) { body(t, w, s); });
+      });
+    });
+  };
+  if (!call.failed()) {
+    run([&](auto t, auto w, auto s) {
+      using T = decltype(t);
+      using W = decltype(w);
+      using S = decltype(s);
+      kc::row_partial_backward<T, W, S>(
+          a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
+          static_cast<const T*>(gamma.data), centered ? static_cast<const S*>(mean.data) : nullptr,
+          static_cast<const S*>(rstd.data), call.payload<W>());
+    });
+  }
+  call.reduce();
+  check_naive_count(call, opt);
+  run([&](auto t, auto w, auto s) {
+    using T = decltype(t);
+    using W = decltype(w);
+    using S = decltype(s);
+    kc::row_apply_backward<T, W, S>(
+        a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
+        static_cast<const T*>(gamma.data), centered ? static_cast<const S*>(mean.data) : nullptr,
+        static_cast<const S*>(rstd.data), call.payload<W>(), call.global_count(),
+        static_cast<T*>(dx.data), static_cast<T*>(dgamma.data),
+        centered ? static_cast<T*>(dbeta.data) : nullptr);
+  });
+}
+
+}  // namespace
+
+void layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
+                        const TensorView& beta, const TensorView& y, const TensorView& mean,
+                        const TensorView& rstd, const NormOptions& opt) {
+  forward("layer_norm_forward", true, comm, x, gamma, beta, y, mean, rstd, opt);
+}
+
+void layer_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
+                         const TensorView& gamma, const TensorView& mean, const TensorView& rstd,
+                         const TensorView& dx, const TensorView& dgamma, const TensorView& dbeta,
+                         const NormOptions& opt) {
+  backward("layer_norm_backward", true, comm, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, opt);
+}
+
+void rms_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
+                      const TensorView& y, const TensorView& rstd, const NormOptions& opt) {
+  forward("rms_norm_forward", false, comm, x, gamma, TensorView{}, y, TensorView{}, rstd, opt);
+}
+
+void rms_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
+                       const TensorView& gamma, const TensorView& rstd, const TensorView& dx,
+                       const TensorView& dgamma, const NormOptions& opt) {
+  backward("rms_norm_backward", false, comm, dy, x, gamma, TensorView{}, rstd, dx, dgamma,
+           TensorView{}, opt);
+}
+
+}  // namespace tpnorm

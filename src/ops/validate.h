@@ -1,0 +1,63 @@
+// validate.h — local argument checks shared by the ops. Each check records the first failure
+// on the PackedCall (which all ranks then agree on) instead of throwing, so that a bad argument
+// on one rank still lets that rank join the call's collective.
+#pragma once
+
+#include <cmath>
+#include <initializer_list>
+#include <string>
+
+#include "ops/packed_call.h"
+#include "tpnorm/tensor.h"
+
+namespace tpnorm::detail {
+
+class Validator {
+ public:
+  Validator(PackedCall& call, Device device) : call_(call), device_(device) {}
+
+  /// A present view on the call's device whose data is non-null unless it is empty.
+  bool usable(const char* name, const TensorView& v) {
+    if (!v.present()) return fail(name, "is required but absent");
+    if (v.device != device_) return fail(name, "lives on a device other than the communicator's");
+    if (v.numel() < 0) return fail(name, "has a negative dimension " + v.shape.str());
+    if (v.numel() > 0 && !v.data)
+      return fail(name, "is null but has " + std::to_string(v.numel()) + " elements");
+    return true;
+  }
+  bool dtype_in(const char* name, const TensorView& v, std::initializer_list<DType> ok) {
+    for (DType t : ok)
+      if (v.dtype == t) return true;
+    return fail(name, std::string("has unsupported dtype ") + dtype_name(v.dtype));
+  }
+  bool same_dtype(const char* name, const TensorView& v, DType t) {
+    return v.dtype == t || fail(name, std::string("has dtype ") + dtype_name(v.dtype) +
+                                          ", expected " + dtype_name(t));
+  }
+  bool same_shape(const char* name, const TensorView& v, const Shape& s) {
+    return v.shape == s || fail(name, "has shape " + v.shape.str() + ", expected " + s.str());
+  }
+  bool numel_is(const char* name, const TensorView& v, int64_t n) {
+    return v.numel() == n || fail(name, "has " + std::to_string(v.numel()) + " elements (shape " +
+                                            v.shape.str() + "), expected " + std::to_string(n));
+  }
+  /// An optional view: absent, or usable with `n` elements of dtype `t`.
+  bool optional(const char* name, const TensorView& v, int64_t n, DType t) {
+    if (!v.present()) return true;
+    return usable(name, v) && numel_is(name, v, n) && same_dtype(name, v, t);
+  }
+  bool eps(double e) {
+    return (std::isfinite(e) && e > 0) ||
+           fail("eps", "must be finite and > 0, got " + std::to_string(e));
+  }
+  bool fail(const char* name, const std::string& what) {
+    call_.fail(std::string("argument '") + name + "' " + what);
+    return false;
+  }
+
+ private:
+  PackedCall& call_;
+  Device device_;
+};
+
+}  // namespace tpnorm::detail
