@@ -1,0 +1,77 @@
+// tpnorm/batch_norm.h — SyncBatchNorm (data parallelism): per-channel statistics over the
+// global batch, with PyTorch's semantics.
+//
+// x is NCHW [N_local, C, *spatial] (any number of spatial dims, including none: [N, C]) or
+// channels-last [N_local, *spatial, C]. N_local may differ across ranks and may be 0; such a
+// rank still joins the collective with count 0. With n = global count per channel
+// (sum over ranks of N_local * prod(spatial)):
+//
+//   training:  mu_c = sum(x)/n   var_c = max(sum(x^2)/n - mu_c^2, 0)   invstd = 1/sqrt(var + eps)
+//              y = gamma * (x - mu) * invstd + beta
+//              running_mean = (1-m)*running_mean + m*mu
+//              running_var  = (1-m)*running_var  + m*var*n/(n-1)      (unbiased, as PyTorch)
+//              m = momentum, or 1/num_batches_tracked when momentum is "none" (cumulative
+//              average); num_batches_tracked is incremented first, as in PyTorch.
+//   eval:      running statistics, no communication at all.
+//   backward (training), sums over the global batch, g = dy:
+//              dx = gamma*invstd*(dy - sum(dy)/n - (x-mu)*invstd^2*sum(dy*(x-mu))/n)
+//              dgamma = sum_local(dy * xhat), dbeta = sum_local(dy): this rank's sums; the
+//              caller's gradient all-reduce combines them (as PyTorch's SyncBatchNorm does).
+//   backward (eval): dx = gamma * invstd_running * dy, no communication.
+//
+// A training forward makes ONE collective: per-channel partials plus the count (an exact
+// integer in float64, never float16/float32) and the call header (see tpnorm/norm.h). A training
+// call whose global count per channel is 1 (or 0) is an error on every rank, as in PyTorch.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "tpnorm/communicator.h"
+#include "tpnorm/norm.h"
+#include "tpnorm/tensor.h"
+
+namespace tpnorm {
+
+enum class Layout : int32_t {
+  kNCHW = 0,          ///< [N, C, *spatial]
+  kChannelsLast = 1,  ///< [N, *spatial, C]
+};
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  /// Running-statistics momentum; NaN means PyTorch's momentum=None (cumulative moving average).
+  double momentum = 0.1;
+  bool training = true;
+  Layout layout = Layout::kNCHW;
+  Stats stats = Stats::kRobust;
+  bool check_agreement = true;
+  int num_threads = 0;
+  static double cumulative() { return std::numeric_limits<double>::quiet_NaN(); }
+};
+
+/// SyncBatchNorm forward.
+/// [in]     x             [N_local, C, *spatial] or [N_local, *spatial, C]
+/// [in]     gamma, beta   [C] or absent (affine off)
+/// [in,out] running_mean, running_var  [C] float32/float64, or absent (track_running_stats off;
+///                        then eval mode uses batch statistics like PyTorch)
+/// [in,out] num_batches_tracked  may be null; incremented by a training call
+/// [out]    y             like x
+/// [out]    save_mean, save_invstd  [C] float32/float64 or absent: the batch statistics used
+///                        (training) for the backward
+void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
+                             const TensorView& beta, const TensorView& running_mean,
+                             const TensorView& running_var, int64_t* num_batches_tracked,
+                             const TensorView& y, const TensorView& save_mean,
+                             const TensorView& save_invstd, const BatchNormOptions& opt = {});
+
+/// SyncBatchNorm backward. save_mean / save_invstd as written by the training forward (in eval
+/// mode pass running_mean and 1/sqrt(running_var + eps) as computed by the forward's saves).
+/// [out] dx like x; dgamma, dbeta [C] or absent: this rank's local sums (overwritten).
+void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
+                              const TensorView& gamma, const TensorView& save_mean,
+                              const TensorView& save_invstd, const TensorView& dx,
+                              const TensorView& dgamma, const TensorView& dbeta,
+                              const BatchNormOptions& opt = {});
+
+}  // namespace tpnorm
