@@ -84,6 +84,12 @@ void PackedCall::fail(const std::string& message, ErrorCode code) {
   message_ = message;
 }
 
+void PackedCall::throw_if_failed_locally(int rank) const {
+  if (failed_)
+    throw Error(code_, std::string("tpnorm: ") + op_ + " failed: rank " + std::to_string(rank) +
+                           ": " + message_);
+}
+
 void PackedCall::prepare(size_t payload_values, double local_count) {
   payload_values_ = payload_values;
   local_count_ = local_count;

@@ -34,6 +34,10 @@ class PackedCall {
   /// Records a local failure (the first one wins); the call still joins the collective.
   void fail(const std::string& message, ErrorCode code = ErrorCode::kInvalidArgument);
   bool failed() const { return failed_; }
+  /// Throws this rank's recorded failure, if any, without communicating: for calls that make no
+  /// collective (SyncBatchNorm in eval mode, validated on a single-process PackedCall so the
+  /// real communicator's sequence is untouched), where a local error cannot strand a peer.
+  void throw_if_failed_locally(int rank) const;
 
   /// Sizes the zeroed payload (values of the wire type) and sets this rank's element count.
   void prepare(size_t payload_values, double local_count);

@@ -1,0 +1,62 @@
+// batch_norm.h — CPU kernels of SyncBatchNorm: per-channel statistics over a batch that is
+// sharded across data-parallel ranks.
+//
+// The kernels know nothing of communication: partial_* reduce this rank's elements of every
+// channel into a packed stats buffer; the op sums that buffer over ranks; apply_* finish each
+// element from the summed statistics. A CUDA version provides the same functions for device
+// memory.
+//
+// Geometry: x holds n samples of c channels with `inner` = prod(spatial) positions each;
+//   NCHW          element (b, ch, s) at (b*c + ch)*inner + s   (a channel is n runs of inner)
+//   channels-last element (b, s, ch) at (b*inner + s)*c + ch   (rows of c channels)
+// n may be 0 (an empty local batch still joins the collective with zero partials).
+//
+// Stats layout per channel ch: forward {sum x, sum x^2} at [2ch, 2ch+1]; backward
+// {sum dy, sum dy*(x-mean)}. W (the wire type) is double in the robust mode, where forward sums
+// are accumulated around a per-channel pivot (this rank's first element of the channel), so
+// 1e4 + N(0,1) loses nothing; float in the naive mode.
+#pragma once
+
+#include <cstdint>
+
+namespace tpnorm::kernels::cpu {
+
+struct BatchNormArgs {
+  int64_t n = 0;               ///< local samples (may be 0)
+  int64_t c = 0;               ///< channels
+  int64_t inner = 1;           ///< positions per sample and channel (1 for [N, C])
+  bool channels_last = false;  ///< [N, *spatial, C] instead of [N, C, *spatial]
+  int threads = 0;             ///< 0: OpenMP default
+};
+
+/// stats[2c]: {sum x, sum x^2} of this rank's elements of each channel.
+template <class T, class W>
+void bn_partial_forward(const BatchNormArgs& a, const T* x, W* stats);
+
+/// Per-channel batch moments from stats summed over ranks; n: global count per channel (> 0).
+/// var is the biased variance, clamped at 0.
+template <class W>
+void bn_moments(int64_t c, const W* stats, double n, double* mean, double* var);
+
+/// y = gamma * (x - mean) * invstd + beta; gamma/beta may be null (1 / 0).
+template <class T, class S>
+void bn_apply_forward(const BatchNormArgs& a, const T* x, const T* gamma, const T* beta,
+                      const S* mean, const S* invstd, T* y);
+
+/// stats[2c]: {sum dy, sum dy*(x - mean)} of this rank's elements of each channel.
+template <class T, class W, class S>
+void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const S* mean,
+                         W* stats);
+
+/// dx = gamma*invstd*(dy - sum(dy)/n - (x-mean)*invstd^2*sum(dy*(x-mean))/n), stats summed over
+/// ranks, n the global count. Zero stats give the eval backward dx = gamma*invstd*dy.
+template <class T, class W, class S>
+void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const T* gamma,
+                       const S* mean, const S* invstd, const W* stats, double n, T* dx);
+
+/// dgamma = invstd * sum_local(dy*(x-mean)), dbeta = sum_local(dy) from this rank's (unsummed)
+/// backward partials; either output may be null.
+template <class T, class W, class S>
+void bn_param_grads(int64_t c, const W* local_stats, const S* invstd, T* dgamma, T* dbeta);
+
+}  // namespace tpnorm::kernels::cpu
