@@ -28,6 +28,7 @@
 #include <limits>
 
 #include "tpnorm/communicator.h"
+#include "tpnorm/error.h"
 #include "tpnorm/norm.h"
 #include "tpnorm/tensor.h"
 
