@@ -54,8 +54,10 @@ struct BatchNormOptions {
 /// SyncBatchNorm forward.
 /// [in]     x             [N_local, C, *spatial] or [N_local, *spatial, C]
 /// [in]     gamma, beta   [C] or absent (affine off)
-/// [in,out] running_mean, running_var  [C] float32/float64, or absent (track_running_stats off;
-///                        then eval mode uses batch statistics like PyTorch)
+/// [in,out] running_mean, running_var  [C] float32/float64 (the same), or absent
+///                        (track_running_stats off; then eval mode uses batch statistics too,
+///                        over the global batch with one collective, where PyTorch would use
+///                        this rank's batch alone; pass training=true to the backward then)
 /// [in,out] num_batches_tracked  may be null; incremented by a training call
 /// [out]    y             like x
 /// [out]    save_mean, save_invstd  [C] float32/float64 or absent: the batch statistics used
@@ -66,8 +68,10 @@ void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const Tens
                              const TensorView& y, const TensorView& save_mean,
                              const TensorView& save_invstd, const BatchNormOptions& opt = {});
 
-/// SyncBatchNorm backward. save_mean / save_invstd as written by the training forward (in eval
-/// mode pass running_mean and 1/sqrt(running_var + eps) as computed by the forward's saves).
+/// SyncBatchNorm backward. save_mean / save_invstd as written by the forward (in eval mode the
+/// forward saves running_mean and 1/sqrt(running_var + eps)). opt.training says whether those
+/// were batch statistics: then ONE collective of per-channel {sum dy, sum dy*(x-mean)} (count in
+/// the header); otherwise they are constants and nothing is sent.
 /// [out] dx like x; dgamma, dbeta [C] or absent: this rank's local sums (overwritten).
 void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
                               const TensorView& gamma, const TensorView& save_mean,
