@@ -1,5 +1,6 @@
 // demo.cpp — what `./launch/tpnorm demo` runs under mpirun: hidden-sharded LayerNorm and RMSNorm,
-// forward and backward, at a realistic shape, compared with the same op on one process.
+// forward and backward, at a realistic shape, compared with the same op on one process; then
+// SyncBatchNorm with uneven batches (demo_batch_norm.cpp).
 //
 // Every rank builds the full [tokens, hidden] input from a seed, keeps its columns, and runs
 // the sharded op; it also runs the op on the full input with a single-process communicator and
@@ -20,6 +21,8 @@
 #include "tpnorm/norm.h"
 
 using namespace tpnorm;
+
+int demo_sync_batch_norm(Communicator& world, int rank, int P);  // demo_batch_norm.cpp
 
 namespace {
 
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
     std::printf("max|diff| is against the same op on the full input in one process "
                 "(tolerance 1e-4 forward, 1e-3 backward): %s\n",
                 failures ? "FAILED" : "ok");
+  failures += demo_sync_batch_norm(*world, rank, P);
   MPI_Finalize();
   return failures ? 1 : 0;
 }
