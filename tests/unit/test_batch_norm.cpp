@@ -62,7 +62,8 @@ TEST(BatchNormRobust, LargeMeanSmallStd) {
             0);
 }
 
-// One collective per training call, with (2C + header) float64 values; eval sends nothing.
+// One collective per training call, with (2C + header) float64 (robust) or float32 (naive)
+// values; eval sends nothing.
 TEST(BatchNormTraffic, OneCollectivePerTrainingCallNoneInEval) {
   auto comm = make_single_communicator();
   comm->set_strict_calls(0);
@@ -70,9 +71,12 @@ TEST(BatchNormTraffic, OneCollectivePerTrainingCallNoneInEval) {
   std::vector<float> x = tpnorm_test::normal(1, 0, n * c * 3), y(x.size()), dx(x.size());
   std::vector<float> rm(c, 0.f), rv(c, 1.f), sm(c), si(c);
   const Shape s{n, c, 3}, cs{c};
+  for (Stats mode : {Stats::kRobust, Stats::kNaive})
   for (bool training : {true, false}) {
     BatchNormOptions opt;
     opt.training = training;
+    opt.stats = mode;
+    const uint64_t vsize = mode == Stats::kRobust ? 8 : 4;
     comm->reset_counters();
     sync_batch_norm_forward(*comm, view(x.data(), s), {}, {}, view(rm.data(), cs),
                             view(rv.data(), cs), nullptr, view(y.data(), s), view(sm.data(), cs),
@@ -80,7 +84,7 @@ TEST(BatchNormTraffic, OneCollectivePerTrainingCallNoneInEval) {
     sync_batch_norm_backward(*comm, view(x.data(), s), view(x.data(), s), {}, view(sm.data(), cs),
                              view(si.data(), cs), view(dx.data(), s), {}, {}, opt);
     EXPECT_EQ(comm->counters().calls, training ? 2u : 0u);
-    EXPECT_EQ(comm->counters().bytes_sent, training ? 2u * (2 * c + 10) * 8 : 0u);
+    EXPECT_EQ(comm->counters().bytes_sent, training ? 2u * (2 * c + 10) * vsize : 0u);
   }
 }
 
