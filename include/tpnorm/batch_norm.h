@@ -20,8 +20,9 @@
 //   backward (eval): dx = gamma * invstd_running * dy, no communication.
 //
 // A training forward makes ONE collective: per-channel partials plus the count (an exact
-// integer in float64, never float16/float32) and the call header (see tpnorm/norm.h). A training
-// call whose global count per channel is 1 (or 0) is an error on every rank, as in PyTorch.
+// integer in float64, never float16; Stats::kNaive sends float32 and refuses 2^24 or more values
+// per channel) and the call header (see tpnorm/norm.h). A training call whose global count per
+// channel is 1 (or 0) is an error on every rank, as in PyTorch.
 #pragma once
 
 #include <cstdint>
@@ -60,8 +61,8 @@ struct BatchNormOptions {
 ///                        this rank's batch alone; pass training=true to the backward then)
 /// [in,out] num_batches_tracked  may be null; incremented by a training call
 /// [out]    y             like x
-/// [out]    save_mean, save_invstd  [C] float32/float64 or absent: the batch statistics used
-///                        (training) for the backward
+/// [out]    save_mean, save_invstd  [C] float32/float64 or absent: the statistics used (batch
+///                        statistics in training, running ones in eval) for the backward
 void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
                              const TensorView& beta, const TensorView& running_mean,
                              const TensorView& running_var, int64_t* num_batches_tracked,
