@@ -126,4 +126,24 @@ TEST(BatchNormErrors, CumulativeMomentumNeedsTheCounter) {
                Error);
 }
 
+// The naive mode's float32 count stops being exact at 2^24 values per channel: refused, with
+// outputs untouched. (fp16 zeros keep the input at 32 MB.)
+TEST(BatchNormErrors, NaiveModeRefusesCountsFrom2To24) {
+  auto comm = make_single_communicator();
+  const int64_t n = int64_t{1} << 24;
+  std::vector<uint16_t> x(n, 0), y(n, 0x3c00);  // 0.0 and 1.0 in fp16
+  BatchNormOptions opt;
+  opt.stats = Stats::kNaive;
+  const Shape s{n, 1};
+  EXPECT_THROW(sync_batch_norm_forward(*comm, {x.data(), DType::F16, s}, {}, {}, {}, {}, nullptr,
+                                       {y.data(), DType::F16, s}, {}, {}, opt),
+               Error);
+  EXPECT_EQ(y[0], 0x3c00);
+  EXPECT_EQ(y[n - 1], 0x3c00);
+  opt.stats = Stats::kRobust;  // the float64 count is exact: the same call succeeds
+  sync_batch_norm_forward(*comm, {x.data(), DType::F16, s}, {}, {}, {}, {}, nullptr,
+                          {y.data(), DType::F16, s}, {}, {}, opt);
+  EXPECT_EQ(y[0], 0);
+}
+
 }  // namespace
