@@ -3,6 +3,7 @@
 // disagree on the number of channels. Every rank reaches every collective; asserts come after.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,9 +33,9 @@ std::string train(Communicator& comm, int64_t n, int64_t c, int64_t& wrong) {
 
 // The same non-empty text on every rank (compared through its length and a checksum).
 int64_t same_error_everywhere(const std::string& what) {
-  int64_t sum = 0;
-  for (char ch : what) sum = sum * 31 + static_cast<unsigned char>(ch);
-  sum &= (int64_t{1} << 40) - 1;
+  uint64_t h = 0;  // unsigned: wraps without UB; 40 bits keep P * sum exact in int64
+  for (char ch : what) h = h * 31 + static_cast<unsigned char>(ch);
+  const int64_t sum = static_cast<int64_t>(h & ((uint64_t{1} << 40) - 1));
   const int64_t p = world_size();
   const int64_t bad_sum = sum_over_ranks(sum) != p * sum;
   const int64_t bad_len = sum_over_ranks(static_cast<int64_t>(what.size())) !=
