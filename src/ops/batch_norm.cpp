@@ -25,8 +25,6 @@ namespace kc = kernels::cpu;
 using detail::dispatch_acc;
 using detail::dispatch_storage;
 
-constexpr double kNaiveCountLimit = 16777216.0;  // 2^24: float32 counts stop being exact
-
 kc::BatchNormArgs geometry(const TensorView& x, const BatchNormOptions& opt) {
   kc::BatchNormArgs a;
   a.channels_last = opt.layout == Layout::kChannelsLast;
@@ -63,7 +61,7 @@ void agree_common(detail::PackedCall& call, const TensorView& x, const kc::Batch
 }
 
 void check_count(detail::PackedCall& call, const BatchNormOptions& opt, const char* op) {
-  if (opt.stats == Stats::kNaive && call.global_count() >= kNaiveCountLimit)
+  if (opt.stats == Stats::kNaive && call.global_count() >= detail::kNaiveCountLimit)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("tpnorm: ") + op +
                     ": the naive statistics mode supports fewer than 2^24 values per channel; "

@@ -24,6 +24,9 @@
 
 namespace tpnorm::detail {
 
+/// Counts travel in the wire type; float32 (Stats::kNaive) is exact only below 2^24.
+inline constexpr double kNaiveCountLimit = 16777216.0;
+
 class PackedCall {
  public:
   /// [in] op: a string literal naming the public call, e.g. "layer_norm_forward".

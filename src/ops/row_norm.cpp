@@ -30,8 +30,6 @@ Geometry geometry(const TensorView& x) {
 
 DType wire_of(Stats s) { return s == Stats::kNaive ? DType::F32 : DType::F64; }
 
-constexpr double kNaiveCountLimit = 16777216.0;  // 2^24: float32 counts stop being exact
-
 void agree_common(detail::PackedCall& call, const TensorView& x, const Geometry& g,
                   const NormOptions& opt, bool centered) {
   call.agree("rows", static_cast<double>(g.rows));
@@ -41,7 +39,7 @@ void agree_common(detail::PackedCall& call, const TensorView& x, const Geometry&
 }
 
 void check_naive_count(detail::PackedCall& call, const NormOptions& opt) {
-  if (opt.stats == Stats::kNaive && call.global_count() >= kNaiveCountLimit)
+  if (opt.stats == Stats::kNaive && call.global_count() >= detail::kNaiveCountLimit)
     throw Error(ErrorCode::kInvalidArgument,
                 "tpnorm: the naive statistics mode supports fewer than 2^24 elements per row; "
                 "use Stats::kRobust");
