@@ -64,13 +64,30 @@ std::string get_text(const double* src, size_t cap) {
   return s;
 }
 
+thread_local PhaseTimes* t_phase_timer = nullptr;
+
 }  // namespace
 
+PhaseTimes* phase_timer() { return t_phase_timer; }
+void set_phase_timer(PhaseTimes* t) { t_phase_timer = t; }
+
 PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement)
-    : comm_(comm), op_(op), wire_(wire), check_(check_agreement) {
+    : comm_(comm), op_(op), wire_(wire), check_(check_agreement), timer_(t_phase_timer) {
+  if (timer_) mark_ = std::chrono::steady_clock::now();
   agree("sequence", static_cast<double>(comm.next_sequence()));
   if (comm_.strict_now()) check_ = true;
   header_values_ = check_ ? kHeaderFull : kHeaderBase;
+}
+
+PackedCall::~PackedCall() {
+  if (timer_ && reduced_) timer_->apply += lap();
+}
+
+double PackedCall::lap() {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(now - mark_).count();
+  mark_ = now;
+  return s;
 }
 
 void PackedCall::agree(const char* name, double value) {
@@ -131,6 +148,7 @@ void PackedCall::check_header(const void* base) {
 }
 
 void PackedCall::reduce() {
+  if (timer_) timer_->partial += lap();
   if (bytes_.empty()) prepare(0, 0);
   void* base = bytes_.data();
   write_header(base);
@@ -143,6 +161,11 @@ void PackedCall::reduce() {
   } else {
     comm_.all_reduce_sum(base, header_values_ + payload_values_, wire_);
     check_header(base);
+  }
+  if (timer_) {
+    timer_->reduce += lap();
+    ++timer_->calls;
+    reduced_ = true;
   }
 }
 

@@ -15,11 +15,13 @@
 // so ranks that disagree on sizes never enter payload collectives of different lengths.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <vector>
 
 #include "tpnorm/communicator.h"
+#include "ops/phase_timer.h"
 #include "tpnorm/error.h"
 
 namespace tpnorm::detail {
@@ -31,6 +33,10 @@ class PackedCall {
  public:
   /// [in] op: a string literal naming the public call, e.g. "layer_norm_forward".
   PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement);
+  /// Closes the apply phase when a phase timer is on (the op's scope ends after its apply).
+  ~PackedCall();
+  PackedCall(const PackedCall&) = delete;
+  PackedCall& operator=(const PackedCall&) = delete;
 
   /// Adds a field every rank must agree on to the fingerprint (name: a string literal).
   void agree(const char* name, double value);
@@ -79,6 +85,10 @@ class PackedCall {
   double local_count_ = 0;
   double global_count_ = 0;
   std::vector<double> bytes_;  // header + payload, 8-byte aligned storage for either W
+  PhaseTimes* timer_;          // nullptr unless the benchmark times phases
+  bool reduced_ = false;
+  std::chrono::steady_clock::time_point mark_;
+  double lap();  // seconds since mark_, and moves mark_ to now
 };
 
 }  // namespace tpnorm::detail
