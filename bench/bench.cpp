@@ -15,7 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -202,53 +202,73 @@ const char* dtype_flag(DType t) {
   return t == DType::F16 ? "fp16" : t == DType::BF16 ? "bf16" : "fp32";
 }
 
-constexpr const char* kCsvHeader =
-    "world,op,local_shape,dtype,stats,fwd_bytes,bwd_bytes,header_bytes,collectives,"
-    "partial_us,reduce_us,apply_us,total_us,total_min_us,total_max_us,bare_allreduce_us,"
-    "model_us,algbw_GBs,busbw_GBs,wrong";
+// The row's fields in CSV / JSON order; the table on stdout shows the same values.
+struct Field {
+  const char* name;
+  std::string value;
+  bool text;  // quoted in JSON
+};
 
-void report(const Row& r, const Flags& f, int P) {
+std::vector<Field> fields(const Row& r, const Flags& f, int P) {
+  auto num = [](double v, const char* fmt) {
+    char b[48];
+    std::snprintf(b, sizeof b, fmt, v);
+    return std::string(b);
+  };
   const double us = 1e6, reduce = r.reduce.at(0.5);
   const double algbw = reduce > 0 ? (r.fwd_bytes + r.bwd_bytes) / reduce / 1e9 : 0;
   const double busbw = algbw * (P > 1 ? 2.0 * (P - 1) / P : 0);
-  const char* stats = f.cfg.stats == Stats::kNaive ? "naive" : "robust";
-  std::printf("%5d %-10s %-11s %5s %6s %9llu %9llu %6llu %5llu %9.1f %9.1f %9.1f %9.1f %9.1f "
-              "%9.1f %9.1f %9.1f %7.3f %7.3f %6lld\n",
-              P, r.op.c_str(), r.shape.c_str(), dtype_flag(f.cfg.dtype), stats,
-              (unsigned long long)r.fwd_bytes, (unsigned long long)r.bwd_bytes,
-              (unsigned long long)r.hdr_bytes, (unsigned long long)r.calls,
-              r.partial.at(0.5) * us, reduce * us, r.apply.at(0.5) * us, r.total.at(0.5) * us,
-              r.total.at(0) * us, r.total.at(1) * us, r.bare * us, r.model * us, algbw, busbw,
-              (long long)r.wrong);
+  return {{"world", std::to_string(P), false},
+          {"op", r.op, true},
+          {"local_shape", r.shape, true},
+          {"dtype", dtype_flag(f.cfg.dtype), true},
+          {"stats", f.cfg.stats == Stats::kNaive ? "naive" : "robust", true},
+          {"fwd_bytes", std::to_string(r.fwd_bytes), false},
+          {"bwd_bytes", std::to_string(r.bwd_bytes), false},
+          {"header_bytes", std::to_string(r.hdr_bytes), false},
+          {"collectives", std::to_string(r.calls), false},
+          {"partial_us", num(r.partial.at(0.5) * us, "%.1f"), false},
+          {"reduce_us", num(reduce * us, "%.1f"), false},
+          {"apply_us", num(r.apply.at(0.5) * us, "%.1f"), false},
+          {"total_us", num(r.total.at(0.5) * us, "%.1f"), false},
+          {"total_min_us", num(r.total.at(0) * us, "%.1f"), false},
+          {"total_max_us", num(r.total.at(1) * us, "%.1f"), false},
+          {"bare_allreduce_us", num(r.bare * us, "%.1f"), false},
+          {"model_us", num(r.model * us, "%.1f"), false},
+          {"algbw_GBs", num(algbw, "%.4g"), false},
+          {"busbw_GBs", num(busbw, "%.4g"), false},
+          {"wrong", std::to_string(r.wrong), false}};
+}
+
+// Table widths, in the order of fields(); the header line in print_header uses the same.
+constexpr int kWidth[] = {5, -10, -11, 5, 6, 9, 9, 6, 5, 9, 9, 9, 9, 9, 9, 9, 9, 7, 7, 6};
+
+FILE* open_append(const std::string& path) {
+  FILE* out = std::fopen(path.c_str(), "a");
+  if (!out) usage_error("cannot write " + path);
+  return out;
+}
+
+void report(const Row& r, const Flags& f, int P) {
+  const std::vector<Field> row = fields(r, f, P);
+  for (size_t i = 0; i < row.size(); ++i)
+    std::printf("%s%*s", i ? " " : "", kWidth[i], row[i].value.c_str());
+  std::printf("\n");
   if (!f.csv.empty()) {
-    FILE* out = std::fopen(f.csv.c_str(), "a");
-    if (!out) usage_error("cannot write " + f.csv);
-    if (std::ftell(out) == 0) std::fprintf(out, "%s\n", kCsvHeader);
-    std::fprintf(out, "%d,%s,%s,%s,%s,%llu,%llu,%llu,%llu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,"
-                 "%.3f,%.4f,%.4f,%lld\n",
-                 P, r.op.c_str(), r.shape.c_str(), dtype_flag(f.cfg.dtype), stats,
-                 (unsigned long long)r.fwd_bytes, (unsigned long long)r.bwd_bytes,
-                 (unsigned long long)r.hdr_bytes, (unsigned long long)r.calls,
-                 r.partial.at(0.5) * us, reduce * us, r.apply.at(0.5) * us, r.total.at(0.5) * us,
-                 r.total.at(0) * us, r.total.at(1) * us, r.bare * us, r.model * us, algbw, busbw,
-                 (long long)r.wrong);
+    FILE* out = open_append(f.csv);
+    if (std::ftell(out) == 0)
+      for (size_t i = 0; i < row.size(); ++i)
+        std::fprintf(out, "%s%s", row[i].name, i + 1 < row.size() ? "," : "\n");
+    for (size_t i = 0; i < row.size(); ++i)
+      std::fprintf(out, "%s%s", row[i].value.c_str(), i + 1 < row.size() ? "," : "\n");
     std::fclose(out);
   }
   if (!f.json.empty()) {  // one object per line; the launcher wraps the lines in a list
-    FILE* out = std::fopen(f.json.c_str(), "a");
-    if (!out) usage_error("cannot write " + f.json);
-    std::fprintf(out, "{\"world\": %d, \"op\": \"%s\", \"local_shape\": \"%s\", \"dtype\": \"%s\", "
-                 "\"stats\": \"%s\", \"fwd_bytes\": %llu, \"bwd_bytes\": %llu, "
-                 "\"header_bytes\": %llu, \"collectives\": %llu, \"partial_us\": %.3f, "
-                 "\"reduce_us\": %.3f, \"apply_us\": %.3f, \"total_us\": %.3f, "
-                 "\"total_min_us\": %.3f, \"total_max_us\": %.3f, \"bare_allreduce_us\": %.3f, "
-                 "\"model_us\": %.3f, \"algbw_GBs\": %.4f, \"busbw_GBs\": %.4f, \"wrong\": %lld}\n",
-                 P, r.op.c_str(), r.shape.c_str(), dtype_flag(f.cfg.dtype), stats,
-                 (unsigned long long)r.fwd_bytes, (unsigned long long)r.bwd_bytes,
-                 (unsigned long long)r.hdr_bytes, (unsigned long long)r.calls,
-                 r.partial.at(0.5) * us, reduce * us, r.apply.at(0.5) * us, r.total.at(0.5) * us,
-                 r.total.at(0) * us, r.total.at(1) * us, r.bare * us, r.model * us, algbw, busbw,
-                 (long long)r.wrong);
+    FILE* out = open_append(f.json);
+    for (size_t i = 0; i < row.size(); ++i)
+      std::fprintf(out, "%s\"%s\": %s%s%s%s", i ? ", " : "{", row[i].name,
+                   row[i].text ? "\"" : "", row[i].value.c_str(), row[i].text ? "\"" : "",
+                   i + 1 < row.size() ? "" : "}\n");
     std::fclose(out);
   }
 }
@@ -262,11 +282,13 @@ void print_header(const Flags& f) {
   std::printf("# times in us per step, median over iterations of the slowest rank; bare = the "
               "same payloads as two bare all-reduces; model = fitted alpha-beta ring\n");
   std::printf("# algbw = (fwd+bwd bytes) / reduce time, busbw = algbw * 2(P-1)/P (nccl-tests)\n");
-  std::printf("#%4s %-10s %-11s %5s %6s %9s %9s %6s %5s %9s %9s %9s %9s %9s %9s %9s %9s %7s %7s "
-              "%6s\n",
-              "world", "op", "local", "dtype", "stats", "fwd_B", "bwd_B", "hdr_B", "colls",
-              "partial", "reduce", "apply", "total", "min", "max", "bare", "model", "algbw",
-              "busbw", "#wrong");
+  const char* names[] = {"world", "op", "local", "dtype", "stats", "fwd_B", "bwd_B",
+                         "hdr_B", "colls", "partial", "reduce", "apply", "total", "min",
+                         "max", "bare", "model", "algbw", "busbw", "#wrong"};
+  std::printf("#");
+  for (size_t i = 0; i < std::size(names); ++i)
+    std::printf("%s%*s", i ? " " : "", i ? kWidth[i] : kWidth[0] - 1, names[i]);
+  std::printf("\n");
 }
 
 // Communication time per step at larger world sizes: the same bytes per rank (they do not
