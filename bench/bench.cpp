@@ -82,6 +82,8 @@ Flags parse(int argc, char** argv) {
     else usage_error("unknown flag " + k);
   }
   if (f.cfg.rows < 1 || f.cfg.hidden < 1) usage_error("--rows and --hidden must be >= 1");
+  if (f.cfg.shape.size() < 2 || f.cfg.shape.size() > 8 || f.cfg.shape[1] < 1)
+    usage_error("--shape must be N,C[,spatial...] with C >= 1 and at most 8 dims");
   return f;
 }
 
@@ -235,13 +237,13 @@ std::vector<Field> fields(const Row& r, const Flags& f, int P) {
           {"total_max_us", num(r.total.at(1) * us, "%.1f"), false},
           {"bare_allreduce_us", num(r.bare * us, "%.1f"), false},
           {"model_us", num(r.model * us, "%.1f"), false},
-          {"algbw_GBs", num(algbw, "%.4g"), false},
-          {"busbw_GBs", num(busbw, "%.4g"), false},
+          {"algbw_GBs", num(algbw, "%.3g"), false},
+          {"busbw_GBs", num(busbw, "%.3g"), false},
           {"wrong", std::to_string(r.wrong), false}};
 }
 
 // Table widths, in the order of fields(); the header line in print_header uses the same.
-constexpr int kWidth[] = {5, -10, -11, 5, 6, 9, 9, 6, 5, 9, 9, 9, 9, 9, 9, 9, 9, 7, 7, 6};
+constexpr int kWidth[] = {5, -10, -11, 5, 6, 9, 9, 6, 5, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 6};
 
 FILE* open_append(const std::string& path) {
   FILE* out = std::fopen(path.c_str(), "a");
@@ -274,9 +276,13 @@ void report(const Row& r, const Flags& f, int P) {
 }
 
 void print_header(const Flags& f) {
-  std::printf("# tpnorm bench: %s, rows x hidden %lldx%lld (hidden sharded), %d iterations after "
-              "%d warm-up, one step = forward + backward\n",
-              f.op.c_str(), (long long)f.cfg.rows, (long long)f.cfg.hidden, f.iters, f.warmup);
+  std::string shape;
+  for (int64_t d : f.cfg.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+  std::printf("# tpnorm bench: %s; layernorm/rmsnorm x %lldx%lld (hidden sharded), syncbn x %s "
+              "NCHW (batch sharded); %d iterations after %d warm-up; one step = forward + "
+              "backward\n",
+              f.op.c_str(), (long long)f.cfg.rows, (long long)f.cfg.hidden, shape.c_str(),
+              f.iters, f.warmup);
   std::printf("# bytes: what each rank sends per call (communicator counters) = DESIGN.md payload "
               "+ call header (hdr); strict pre-check off after warm-up\n");
   std::printf("# times in us per step, median over iterations of the slowest rank; bare = the "

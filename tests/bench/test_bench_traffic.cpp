@@ -22,6 +22,7 @@ using namespace tpnorm_bench;
 uint64_t documented_values(const std::string& op, const BenchConfig& c) {
   if (op == "layernorm") return 2 * static_cast<uint64_t>(c.rows);
   if (op == "rmsnorm") return static_cast<uint64_t>(c.rows);
+  if (op == "syncbn") return 2 * static_cast<uint64_t>(c.shape[1]);  // 2 x C, count in header
   ADD_FAILURE() << "no documented formula for op " << op;
   return 0;
 }
@@ -31,6 +32,7 @@ TEST(BenchTraffic, CountersEqualTheDocumentedFormula) {
   BenchConfig cfg;
   cfg.rows = 13;
   cfg.hidden = 7 * world->size() + 1;  // uneven shards
+  cfg.shape = {world->size() + 1, 3, 2, 5};  // uneven batches
   for (const BenchOp& op : bench_ops()) {
     for (Stats mode : {Stats::kRobust, Stats::kNaive}) {
       SCOPED_TRACE(std::string(op.name) + (mode == Stats::kNaive ? " naive" : " robust"));
