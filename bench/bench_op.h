@@ -33,6 +33,7 @@ class BenchCase {
   virtual void backward(tpnorm::Communicator& comm) = 0;
   /// After forward + backward on the world: this rank's output elements (y, stats, dx, and
   /// parameter gradients) outside tolerance of a float64 reference on the full, unsharded input.
+  /// Called on every rank together, so it may make collectives on MPI_COMM_WORLD.
   virtual int64_t count_wrong() = 0;
   /// DESIGN.md "Communication cost per call": values per rank in the call's payload, without
   /// the call header (forward: true / backward: false).
