@@ -1,0 +1,96 @@
+// tpnorm/fused.h — fused residual add + hidden-sharded LayerNorm / RMSNorm (Pre-LN, Post-LN,
+// DeepNorm), forward and backward.
+//
+// Layout and sharding as tpnorm/norm.h: x, f, h, y are [rows, hidden_local], rows agree across
+// ranks, hidden_local may differ and may be 0. With Norm = LayerNorm or RMSNorm of norm.h:
+//
+//   forward:   h = alpha * x + f           (the new residual stream, stored in x's dtype)
+//              y = Norm(h)                 (gamma, beta, mean, rstd as in norm.h)
+//   backward:  dh = Norm_backward(dy; h) + dh_extra
+//              dx = alpha * dh             df = dh
+//              dgamma, dbeta as in norm.h: sums over this rank's rows
+//
+// alpha = 1 gives Pre-LN's residual add followed by the next block's norm, or Post-LN's
+// Norm(x + f(x)); DeepNorm (Norm(alpha * x + f(x))) takes alpha from deepnorm_alpha().
+// dh_extra is the gradient reaching h from elsewhere (in Pre-LN, h also feeds the next residual
+// add, so its gradient arrives there); absent means 0.
+//
+// "Fused": the forward partial writes each row of h and reduces its statistics while the row is
+// in cache (no separate pass over x + f); the apply phase then reads h once, as norm.h's does.
+// The backward runs norm.h's two phases on (dy, h) and adds the residual epilogue (dh_extra,
+// alpha) in one more element-wise pass over df.
+//
+// Collectives and payload per rank per call: exactly ONE all_reduce_sum, the same as the plain
+// norm of norm.h (LayerNorm 2*rows + H, RMSNorm rows + H values of the wire type; H = 10 with
+// agreement, 2 without). Ranks must agree on rows, dtype, eps, alpha, stats mode, the presence
+// of gamma / beta / dh_extra.
+//
+// dtypes: x, f, h, y, dy, dh_extra, dx, df, gamma, beta, dgamma, dbeta share one storage dtype
+// (fp32, fp16, bf16); mean / rstd float32 or float64 [rows]. h may alias x or f (an in-place
+// residual update). Errors: tpnorm::Error on every rank together; h is written before the
+// collective, so a call that fails on ANOTHER rank leaves h = alpha*x + f written (y, mean and
+// rstd untouched); a call that fails locally writes nothing.
+#pragma once
+
+#include <cstdint>
+
+#include "tpnorm/communicator.h"
+#include "tpnorm/error.h"
+#include "tpnorm/norm.h"
+#include "tpnorm/tensor.h"
+
+namespace tpnorm {
+
+/// Which stack of a DeepNorm model a residual belongs to.
+enum class DeepNormStack : int32_t { kEncoder = 0, kDecoder = 1 };
+
+/// DeepNorm's residual scale for a stack of `num_layers` (N) layers, as given in the project's
+/// design notes (seeds/000): encoder (2N)^(1/4), decoder (8N)^(1/4). Source of the method:
+/// Wang et al., "DeepNet: Scaling Transformers to 1,000 Layers" (2022, arXiv:2203.00555), whose
+/// table gives per-architecture alphas (and the matching init scale beta); models that follow a
+/// different row of that table pass their own alpha to the calls below.
+/// Throws tpnorm::Error(kInvalidArgument) when num_layers < 1.
+double deepnorm_alpha(int64_t num_layers, DeepNormStack stack);
+
+/// h = alpha*x + f; y = LayerNorm(h).
+/// [in]  x, f          [rows, hidden_local]
+/// [in]  alpha         finite
+/// [in]  gamma, beta   [hidden_local] or absent
+/// [out] h, y          [rows, hidden_local] (h may alias x or f)
+/// [out] mean, rstd    [rows] float32/float64, or absent (inference)
+void fused_add_layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& f,
+                                  double alpha, const TensorView& gamma, const TensorView& beta,
+                                  const TensorView& h, const TensorView& y,
+                                  const TensorView& mean, const TensorView& rstd,
+                                  const NormOptions& opt = {});
+
+/// Backward of fused_add_layer_norm_forward.
+/// [in]  dy, h         [rows, hidden_local] (h as written by the forward)
+/// [in]  dh_extra      [rows, hidden_local] or absent (= 0)
+/// [in]  gamma         [hidden_local] or absent;  mean, rstd [rows] from the forward
+/// [in]  alpha         as in the forward
+/// [out] dx, df        [rows, hidden_local]
+/// [out] dgamma, dbeta [hidden_local] or absent: sums over this rank's rows (overwritten)
+void fused_add_layer_norm_backward(Communicator& comm, const TensorView& dy,
+                                   const TensorView& dh_extra, const TensorView& h,
+                                   const TensorView& gamma, const TensorView& mean,
+                                   const TensorView& rstd, double alpha, const TensorView& dx,
+                                   const TensorView& df, const TensorView& dgamma,
+                                   const TensorView& dbeta, const NormOptions& opt = {});
+
+/// h = alpha*x + f; y = RMSNorm(h). Arguments as fused_add_layer_norm_forward without beta
+/// and mean.
+void fused_add_rms_norm_forward(Communicator& comm, const TensorView& x, const TensorView& f,
+                                double alpha, const TensorView& gamma, const TensorView& h,
+                                const TensorView& y, const TensorView& rstd,
+                                const NormOptions& opt = {});
+
+/// Backward of fused_add_rms_norm_forward. Arguments as fused_add_layer_norm_backward without
+/// mean and dbeta.
+void fused_add_rms_norm_backward(Communicator& comm, const TensorView& dy,
+                                 const TensorView& dh_extra, const TensorView& h,
+                                 const TensorView& gamma, const TensorView& rstd, double alpha,
+                                 const TensorView& dx, const TensorView& df,
+                                 const TensorView& dgamma, const NormOptions& opt = {});
+
+}  // namespace tpnorm
