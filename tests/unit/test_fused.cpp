@@ -1,8 +1,8 @@
 // Single-process fused residual add + LayerNorm / RMSNorm (tpnorm/fused.h) against the float64
 // reference (fused_reference.h) and central finite differences of the op itself.
 // Tolerances, with r = one rounding of the storage dtype (fp32 1e-5, fp16 1e-3, bf16 8e-3):
-//   h: r abs + r rel;  y: r + r;  rstd/mean: 1e-6 rel (fp32 statistics; the reference's h is
-//   the op's rounded h, so the statistics see the same inputs);  dx, df: r*max(1, rstd)*alpha
+//   h: r abs + r rel;  y: r + r;  rstd/mean: 1e-6 rel (fp32 statistics; the reference normalizes
+//   the op's stored h, so the statistics see the same inputs);  dx, df: r*max(1, rstd)*alpha
 //   abs + 10 r rel;  dgamma, dbeta: r * rows + r.
 #include <gtest/gtest.h>
 
@@ -41,14 +41,20 @@ TEST_P(FusedVsReference, ForwardAndBackward) {
   const auto gamma = rounded(dt, normal(11, 4, h, 1.0, 0.5));
   const auto beta = centered ? rounded(dt, normal(11, 5, h)) : std::vector<float>{};
   auto comm = make_single_communicator();
-  const FusedOut o =
-      run_fused(*comm, centered, dt, DType::F32, x, f, alpha, rows, h, gamma, beta, dy, dh);
+  FusedSetup st;
+  st.centered = centered;
+  st.dt = dt;
+  st.alpha = alpha;
+  st.rows = rows;
+  st.h = h;
+  st.affine = st.backward = true;
+  st.extra = extra;
+  const FusedOut o = run_fused(*comm, st, x, f, gamma, beta, dy, dh);
   const FusedRef ref =
-      fused_reference(centered, dt, x, f, alpha, rows, h, gamma, beta, 1e-5, dy, dh);
+      fused_reference(centered, x, f, alpha, o.h, rows, h, gamma, beta, 1e-5, dy, dh);
   const double rt = storage_rtol(dt);
   const double rs = *std::max_element(ref.norm.rstd.begin(), ref.norm.rstd.end());
-  const std::vector<double> href(ref.h.begin(), ref.h.end());
-  EXPECT_EQ(count_wrong("h", o.h, href, rt, rt), 0);
+  EXPECT_EQ(count_wrong("h", o.h, ref.h, rt, rt), 0);
   EXPECT_EQ(count_wrong("y", o.y, ref.norm.y, rt, rt), 0);
   EXPECT_EQ(count_wrong("rstd", o.rstd, ref.norm.rstd, 0, 1e-6), 0);
   if (centered) {
@@ -88,15 +94,22 @@ TEST(Fused, FiniteDifferenceGradients) {
     const auto beta = centered ? normal(13, 3, h) : std::vector<float>{};
     const auto w = normal(13, 4, rows * h), v = normal(13, 5, rows * h);
     auto comm = make_single_communicator();
+    FusedSetup st;
+    st.centered = centered;
+    st.saved = DType::F64;
+    st.alpha = alpha;
+    st.rows = rows;
+    st.h = h;
+    st.affine = true;
     auto loss = [&] {
-      const FusedOut o = run_fused(*comm, centered, DType::F32, DType::F64, x, f, alpha, rows, h,
-                                   gamma, beta);
+      const FusedOut o = run_fused(*comm, st, x, f, gamma, beta);
       double l = 0;
       for (size_t i = 0; i < o.y.size(); ++i) l += double(o.y[i]) * w[i] + double(o.h[i]) * v[i];
       return l;
     };
-    const FusedOut o =
-        run_fused(*comm, centered, DType::F32, DType::F64, x, f, alpha, rows, h, gamma, beta, w, v);
+    FusedSetup grad = st;
+    grad.backward = grad.extra = true;
+    const FusedOut o = run_fused(*comm, grad, x, f, gamma, beta, w, v);
     auto fd = [&](std::vector<float>& a, size_t i) {
       const float keep = a[i], step = 1e-2f;
       a[i] = keep + step;
@@ -117,10 +130,14 @@ TEST(Fused, InPlaceResidualMatches) {
   const auto x = normal(17, 0, rows * h), f = normal(17, 1, rows * h), dy = normal(17, 2, rows * h);
   auto comm = make_single_communicator();
   for (bool centered : {true, false}) {
-    const FusedOut a =
-        run_fused(*comm, centered, DType::F32, DType::F32, x, f, 1.0, rows, h, {}, {}, dy);
-    const FusedOut b = run_fused(*comm, centered, DType::F32, DType::F32, x, f, 1.0, rows, h, {},
-                                 {}, dy, {}, true);
+    FusedSetup st;
+    st.centered = centered;
+    st.rows = rows;
+    st.h = h;
+    st.backward = true;
+    const FusedOut a = run_fused(*comm, st, x, f, {}, {}, dy);
+    st.in_place = true;
+    const FusedOut b = run_fused(*comm, st, x, f, {}, {}, dy);
     EXPECT_EQ(a.h, b.h);
     EXPECT_EQ(a.y, b.y);
     EXPECT_EQ(a.dx, b.dx);
