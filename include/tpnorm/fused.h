@@ -60,9 +60,8 @@ double deepnorm_alpha(int64_t num_layers, DeepNormStack stack);
 /// [out] mean, rstd    [rows] float32/float64, or absent (inference)
 void fused_add_layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& f,
                                   double alpha, const TensorView& gamma, const TensorView& beta,
-                                  const TensorView& h, const TensorView& y,
-                                  const TensorView& mean, const TensorView& rstd,
-                                  const NormOptions& opt = {});
+                                  const TensorView& h, const TensorView& y, const TensorView& mean,
+                                  const TensorView& rstd, const NormOptions& opt = {});
 
 /// Backward of fused_add_layer_norm_forward.
 /// [in]  dy, h         [rows, hidden_local] (h as written by the forward)

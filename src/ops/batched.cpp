@@ -3,13 +3,14 @@
 //
 // Payload: [K column counts][item 0 stats][item 1 stats]... Every rank computes the same
 // offsets from (rows_i, centered_i), which the agreement fingerprint covers.
+#include "tpnorm/batched.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "ops/packed_call.h"
 #include "ops/row_stages.h"
-#include "tpnorm/batched.h"
 
 namespace tpnorm {
 namespace {
@@ -22,7 +23,8 @@ using detail::row_stat_width;
 struct Digest {
   uint64_t h = 0xcbf29ce484222325ULL;
   void add(int64_t v) {
-    for (int i = 0; i < 8; ++i) h = (h ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+    for (int i = 0; i < 8; ++i)
+      h = (h ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
   }
   double value() const { return static_cast<double>(h & ((1ULL << 52) - 1)); }
 };
@@ -45,6 +47,7 @@ void run(const char* op, Communicator& comm, const Item* items, size_t count,
   detail::PackedCall call(comm, op, detail::wire_of(opt.stats), opt.check_agreement);
   detail::Validator v(call, comm.device());
   if (count > 0 && !items) v.fail("items", "is null but count is " + std::to_string(count));
+  detail::host_only(v, comm.device());
   if (forward) v.eps(opt.eps);
   Digest d;
   int64_t rows_total = 0;
@@ -68,7 +71,9 @@ void run(const char* op, Communicator& comm, const Item* items, size_t count,
   const std::vector<size_t> off = items ? layout(items, count, total) : std::vector<size_t>{};
   call.prepare(total, 0);
   const size_t vsize = dtype_size(call.wire());
-  auto at = [&](size_t value) { return static_cast<char*>(detail::payload_of(call)) + value * vsize; };
+  auto at = [&](size_t value) {
+    return static_cast<char*>(detail::payload_of(call)) + value * vsize;
+  };
   if (!call.failed()) {
     for (size_t i = 0; i < off.size(); ++i) {
       const double cols = static_cast<double>(row_geometry(items[i].x).h);
@@ -108,7 +113,7 @@ void batched_norm_forward(Communicator& comm, const RowNormItem* items, size_t c
       [&](const RowNormItem& it, void* s) {
         detail::row_forward_partial(as_args(it), wire, s, opt.num_threads);
       },
-      [&](const RowNormItem& it, const void* s, double n) {
+      [&](const RowNormItem& it, void* s, double n) {
         detail::row_forward_apply(as_args(it), wire, s, n, opt.eps, opt.num_threads);
       });
 }
@@ -124,7 +129,7 @@ void batched_norm_backward(Communicator& comm, const RowNormGradItem* items, siz
       [&](const RowNormGradItem& it, void* s) {
         detail::row_backward_partial(as_args(it), wire, s, opt.num_threads);
       },
-      [&](const RowNormGradItem& it, const void* s, double n) {
+      [&](const RowNormGradItem& it, void* s, double n) {
         detail::row_backward_apply(as_args(it), wire, s, n, opt.num_threads);
       });
 }

@@ -1,5 +1,7 @@
 // fused.cpp — residual add + row norm: validate -> fused partial (writes h) -> ONE reduce ->
 // the row norm's apply on h; backward: the row norm's stages on (dy, h) + residual epilogue.
+#include "tpnorm/fused.h"
+
 #include <cmath>
 #include <string>
 
@@ -7,7 +9,6 @@
 #include "kernels/cpu/residual.h"
 #include "ops/packed_call.h"
 #include "ops/row_stages.h"
-#include "tpnorm/fused.h"
 
 namespace tpnorm {
 namespace {
@@ -38,7 +39,7 @@ void forward(const char* op, bool centered, Communicator& comm, const TensorView
   detail::Validator v(call, comm.device());
   // The norm's stages see h as their input: validate it as such, and x/f against it.
   const detail::RowForwardArgs norm{centered, h, gamma, beta, y, mean, rstd};
-  v.eps(opt.eps) && alpha_ok(v, alpha) && v.usable("x", x) &&
+  detail::host_only(v, comm.device()) && v.eps(opt.eps) && alpha_ok(v, alpha) && v.usable("x", x) &&
       v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) && v.usable("f", f) &&
       v.same_shape("f", f, x.shape) && v.same_dtype("f", f, x.dtype) && v.usable("h", h) &&
       v.same_shape("h", h, x.shape) && v.same_dtype("h", h, x.dtype) &&
@@ -56,16 +57,15 @@ void forward(const char* op, bool centered, Communicator& comm, const TensorView
         using T = decltype(t);
         using W = decltype(w);
         kc::residual_partial_forward<T, W>(a, static_cast<const T*>(x.data),
-                                           static_cast<const T*>(f.data),
-                                           static_cast<float>(alpha), static_cast<T*>(h.data),
-                                           call.payload<W>());
+                                           static_cast<const T*>(f.data), static_cast<float>(alpha),
+                                           static_cast<T*>(h.data), call.payload<W>());
       });
     });
   }
   call.reduce();
   detail::check_naive_count(opt.stats, call.global_count());
-  detail::row_forward_apply(norm, call.wire(), detail::payload_of(call), call.global_count(), opt.eps,
-                            opt.num_threads);
+  detail::row_forward_apply(norm, call.wire(), detail::payload_of(call), call.global_count(),
+                            opt.eps, opt.num_threads);
 }
 
 void backward(const char* op, bool centered, Communicator& comm, const TensorView& dy,
@@ -78,8 +78,9 @@ void backward(const char* op, bool centered, Communicator& comm, const TensorVie
   detail::Validator v(call, comm.device());
   // The norm's input gradient goes to df first; the epilogue then finishes df and dx.
   const detail::RowBackwardArgs norm{centered, dy, h, gamma, mean, rstd, df, dgamma, dbeta};
-  alpha_ok(v, alpha) && v.usable("h", h) && detail::validate_row_backward(v, "", norm) &&
-      v.usable("dx", dx) && v.same_shape("dx", dx, h.shape) && v.same_dtype("dx", dx, h.dtype) &&
+  detail::host_only(v, comm.device()) && alpha_ok(v, alpha) && v.usable("h", h) &&
+      detail::validate_row_backward(v, "", norm) && v.usable("dx", dx) &&
+      v.same_shape("dx", dx, h.shape) && v.same_dtype("dx", dx, h.dtype) &&
       (!dh_extra.present() ||
        (v.usable("dh_extra", dh_extra) && v.same_shape("dh_extra", dh_extra, h.shape) &&
         v.same_dtype("dh_extra", dh_extra, h.dtype)));
@@ -106,18 +107,17 @@ void backward(const char* op, bool centered, Communicator& comm, const TensorVie
 
 double deepnorm_alpha(int64_t num_layers, DeepNormStack stack) {
   if (num_layers < 1)
-    throw Error(ErrorCode::kInvalidArgument,
-                "tpnorm: deepnorm_alpha: num_layers must be >= 1, got " +
-                    std::to_string(num_layers));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "tpnorm: deepnorm_alpha: num_layers must be >= 1, got " + std::to_string(num_layers));
   const double k = stack == DeepNormStack::kEncoder ? 2.0 : 8.0;
   return std::pow(k * static_cast<double>(num_layers), 0.25);
 }
 
 void fused_add_layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& f,
                                   double alpha, const TensorView& gamma, const TensorView& beta,
-                                  const TensorView& h, const TensorView& y,
-                                  const TensorView& mean, const TensorView& rstd,
-                                  const NormOptions& opt) {
+                                  const TensorView& h, const TensorView& y, const TensorView& mean,
+                                  const TensorView& rstd, const NormOptions& opt) {
   forward("fused_add_layer_norm_forward", true, comm, x, f, alpha, gamma, beta, h, y, mean, rstd,
           opt);
 }

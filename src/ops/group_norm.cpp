@@ -1,11 +1,12 @@
 // group_norm.cpp — GroupNorm / InstanceNorm pipelines: validate -> per-(sample, group) partials
 // of ALL groups -> ONE reduce -> apply. Nothing is written to an output before the collective
 // has confirmed that every rank's arguments are valid and agree.
+#include "kernels/cpu/group_norm.h"
+
 #include <string>
 #include <vector>
 
 #include "common/dispatch.h"
-#include "kernels/cpu/group_norm.h"
 #include "ops/packed_call.h"
 #include "ops/row_stages.h"
 #include "ops/validate.h"
@@ -20,7 +21,7 @@ struct Geometry {
   int64_t n = 0, c_local = 0, spatial = 1, channels = 0;
   kc::GroupNormArgs args(const ChannelGroups& cg, int threads) const {
     const int64_t g = cg.groups > 0 ? cg.groups : 1;
-    return {n, c_local, spatial, cg.channel_offset, g, channels / g > 0 ? channels / g : 1,
+    return {n,      c_local, spatial, cg.channel_offset, g, channels / g > 0 ? channels / g : 1,
             threads};
   }
 };
@@ -40,7 +41,8 @@ Geometry geometry(const TensorView& x, const ChannelGroups& cg) {
 Geometry check(detail::PackedCall& call, detail::Validator& v, const TensorView& x,
                const ChannelGroups& cg, const TensorView& gamma, const NormOptions& opt) {
   const Geometry g = geometry(x, cg);
-  v.usable("x", x) && v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) &&
+  detail::host_only(v, x.device) && v.usable("x", x) &&
+      v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) &&
       (x.shape.ndim >= 2 || v.fail("x", "must be [N, C, *spatial], got " + x.shape.str())) &&
       (cg.groups >= 1 || v.fail("groups", "must be >= 1, got " + std::to_string(cg.groups))) &&
       (g.channels % cg.groups == 0 ||
@@ -72,8 +74,7 @@ void check_tiling(detail::PackedCall& call, const Geometry& g, const char* op) {
 }
 
 void stats_ok(detail::Validator& v, const char* name, const TensorView& t, int64_t ng, DType dt) {
-  v.optional(name, t, ng, dt) &&
-      (!t.present() || v.dtype_in(name, t, {DType::F32, DType::F64}));
+  v.optional(name, t, ng, dt) && (!t.present() || v.dtype_in(name, t, {DType::F32, DType::F64}));
 }
 
 }  // namespace
@@ -137,8 +138,7 @@ void group_norm_backward(Communicator& comm, const TensorView& dy, const TensorV
       v.optional("gamma", gamma, g.c_local, x.dtype) && v.usable("rstd", rstd) &&
       v.numel_is("rstd", rstd, ng) && v.dtype_in("rstd", rstd, {DType::F32, DType::F64}) &&
       v.usable("mean", mean) && v.numel_is("mean", mean, ng) &&
-      v.same_dtype("mean", mean, rstd.dtype) &&
-      v.optional("dgamma", dgamma, g.c_local, x.dtype) &&
+      v.same_dtype("mean", mean, rstd.dtype) && v.optional("dgamma", dgamma, g.c_local, x.dtype) &&
       v.optional("dbeta", dbeta, g.c_local, x.dtype);
   const kc::GroupNormArgs a = g.args(cg, opt.num_threads);
   std::vector<double> dparams(static_cast<size_t>(2 * (g.c_local > 0 ? g.c_local : 0)));
@@ -186,8 +186,7 @@ ChannelGroups per_channel(const TensorView& x, ChannelGroups cg) {
 
 void instance_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
                            const TensorView& gamma, const TensorView& beta, const TensorView& y,
-                           const TensorView& mean, const TensorView& rstd,
-                           const NormOptions& opt) {
+                           const TensorView& mean, const TensorView& rstd, const NormOptions& opt) {
   group_norm_forward(comm, x, per_channel(x, cg), gamma, beta, y, mean, rstd, opt);
 }
 

@@ -83,8 +83,8 @@ void row_forward_partial(const RowForwardArgs& a, DType wire, void* stats, int t
   });
 }
 
-void row_forward_apply(const RowForwardArgs& a, DType wire, const void* stats, double n,
-                       double eps, int threads) {
+void row_forward_apply(const RowForwardArgs& a, DType wire, void* stats, double n, double eps,
+                       int threads) {
   const RowGeometry g = row_geometry(a.x);
   const kc::RowNormArgs k{g.rows, g.h, a.centered, threads};
   dispatch3(a.x.dtype, wire, saved_dtype(a.mean, a.rstd), [&](auto t, auto w, auto s) {
@@ -93,8 +93,8 @@ void row_forward_apply(const RowForwardArgs& a, DType wire, const void* stats, d
     using S = decltype(s);
     kc::row_apply_forward<T, W, S>(
         k, static_cast<const T*>(a.x.data), static_cast<const T*>(a.gamma.data),
-        a.centered ? static_cast<const T*>(a.beta.data) : nullptr, static_cast<const W*>(stats),
-        n, eps, static_cast<T*>(a.y.data), a.centered ? static_cast<S*>(a.mean.data) : nullptr,
+        a.centered ? static_cast<const T*>(a.beta.data) : nullptr, static_cast<W*>(stats), n, eps,
+        static_cast<T*>(a.y.data), a.centered ? static_cast<S*>(a.mean.data) : nullptr,
         static_cast<S*>(a.rstd.data));
   });
 }
@@ -106,16 +106,15 @@ void row_backward_partial(const RowBackwardArgs& a, DType wire, void* stats, int
     using T = decltype(t);
     using W = decltype(w);
     using S = decltype(s);
-    kc::row_partial_backward<T, W, S>(
-        k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
-        static_cast<const T*>(a.gamma.data),
-        a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
-        static_cast<const S*>(a.rstd.data), static_cast<W*>(stats));
+    kc::row_partial_backward<T, W, S>(k, static_cast<const T*>(a.dy.data),
+                                      static_cast<const T*>(a.x.data),
+                                      static_cast<const T*>(a.gamma.data),
+                                      a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
+                                      static_cast<const S*>(a.rstd.data), static_cast<W*>(stats));
   });
 }
 
-void row_backward_apply(const RowBackwardArgs& a, DType wire, const void* stats, double n,
-                        int threads) {
+void row_backward_apply(const RowBackwardArgs& a, DType wire, void* stats, double n, int threads) {
   const RowGeometry g = row_geometry(a.x);
   const kc::RowNormArgs k{g.rows, g.h, a.centered, threads};
   dispatch3(a.x.dtype, wire, a.rstd.dtype, [&](auto t, auto w, auto s) {
@@ -126,10 +125,14 @@ void row_backward_apply(const RowBackwardArgs& a, DType wire, const void* stats,
         k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
         static_cast<const T*>(a.gamma.data),
         a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
-        static_cast<const S*>(a.rstd.data), static_cast<const W*>(stats), n,
-        static_cast<T*>(a.dx.data), static_cast<T*>(a.dgamma.data),
-        a.centered ? static_cast<T*>(a.dbeta.data) : nullptr);
+        static_cast<const S*>(a.rstd.data), static_cast<W*>(stats), n, static_cast<T*>(a.dx.data),
+        static_cast<T*>(a.dgamma.data), a.centered ? static_cast<T*>(a.dbeta.data) : nullptr);
   });
+}
+
+bool host_only(Validator& v, const Device& device) {
+  return device.kind == DeviceKind::CPU ||
+         v.fail("comm", "is a device communicator; this op has CPU kernels only so far");
 }
 
 void* payload_of(PackedCall& call) {

@@ -44,11 +44,15 @@ bool validate_row_backward(Validator& v, const std::string& prefix, const RowBac
 /// Writes rows * row_stat_width values of this rank's partial statistics at `stats` (wire type).
 void row_forward_partial(const RowForwardArgs& a, DType wire, void* stats, int threads);
 /// Finishes y (and mean/rstd when present) from the summed statistics; n = global columns.
-void row_forward_apply(const RowForwardArgs& a, DType wire, const void* stats, double n,
-                       double eps, int threads);
+/// stats is not const: the row kernels may use it as scratch (see kernels/cpu/row_norm.h).
+void row_forward_apply(const RowForwardArgs& a, DType wire, void* stats, double n, double eps,
+                       int threads);
 void row_backward_partial(const RowBackwardArgs& a, DType wire, void* stats, int threads);
-void row_backward_apply(const RowBackwardArgs& a, DType wire, const void* stats, double n,
-                        int threads);
+void row_backward_apply(const RowBackwardArgs& a, DType wire, void* stats, double n, int threads);
+
+/// These ops have CPU kernels only: a call on a device communicator fails on every rank
+/// (instead of handing device pointers to CPU kernels).
+bool host_only(Validator& v, const Device& device);
 
 /// The start of call's payload as untyped memory (payload<W>() for the call's wire type W).
 void* payload_of(PackedCall& call);

@@ -37,7 +37,9 @@ struct Full {
 
 Full make_full(const Spec& s, uint64_t seed) {
   auto round = [&](std::vector<float> v) { return Buffer(s.dt, v).floats(); };
-  Full f{round(normal(seed, 0, s.rows * s.hidden, s.offset, 1.5)), {}, {},
+  Full f{round(normal(seed, 0, s.rows * s.hidden, s.offset, 1.5)),
+         {},
+         {},
          round(normal(seed, 1, s.rows * s.hidden))};
   if (s.affine) {
     f.gamma = round(normal(seed, 2, s.hidden, 1.0, 0.5));
@@ -62,16 +64,23 @@ std::vector<double> cols(const std::vector<double>& m, int64_t rows, int64_t n, 
 }
 
 // This rank's slice of each item; also used for the single-process run with P = 1.
-std::vector<BatchedItem> shard(const std::vector<Spec>& specs, const std::vector<Full>& full,
-                               int P, int me, std::vector<Split>& splits) {
+std::vector<BatchedItem> shard(const std::vector<Spec>& specs, const std::vector<Full>& full, int P,
+                               int me, std::vector<Split>& splits) {
   std::vector<BatchedItem> items;
   splits.clear();
   for (size_t i = 0; i < specs.size(); ++i) {
     const Spec& s = specs[i];
     splits.push_back(P == 1 ? split_even(s.hidden, 1) : split_of(s, P));
     const int64_t c0 = splits.back().offset[me], h = splits.back().count[me];
-    BatchedItem it{s.centered, s.dt, s.offset != 0 ? DType::F64 : DType::F32, s.rows, h, s.affine,
-                   columns(full[i].x, s.rows, s.hidden, c0, h), {}, {},
+    BatchedItem it{s.centered,
+                   s.dt,
+                   s.offset != 0 ? DType::F64 : DType::F32,
+                   s.rows,
+                   h,
+                   s.affine,
+                   columns(full[i].x, s.rows, s.hidden, c0, h),
+                   {},
+                   {},
                    columns(full[i].dy, s.rows, s.hidden, c0, h)};
     if (s.affine) {
       it.gamma = columns(full[i].gamma, 1, s.hidden, c0, h);
@@ -106,9 +115,8 @@ TEST(BatchedEquivalence, EveryItemMatchesUnshardedReference) {
   for (size_t i = 0; i < kSpecs.size(); ++i) {
     const Spec& s = kSpecs[i];
     const int64_t c0 = splits[i].offset[me], h = splits[i].count[me], R = s.rows, H = s.hidden;
-    const RowRef ref =
-        row_norm_reference(s.centered, full[i].x, R, H, full[i].gamma, full[i].beta, 1e-5,
-                           full[i].dy);
+    const RowRef ref = row_norm_reference(s.centered, full[i].x, R, H, full[i].gamma, full[i].beta,
+                                          1e-5, full[i].dy);
     const double rt = storage_rtol(s.dt);
     const double rs = *std::max_element(ref.rstd.begin(), ref.rstd.end());
     const std::string tag = "item " + std::to_string(i) + " ";
@@ -117,8 +125,8 @@ TEST(BatchedEquivalence, EveryItemMatchesUnshardedReference) {
     wrong += count_wrong((tag + "dx").c_str(), got[i].dx, cols(ref.dx, R, H, c0, h),
                          rt * std::max(1.0, rs), 10 * rt);
     if (s.affine)
-      wrong += count_wrong((tag + "dgamma").c_str(), got[i].dgamma,
-                           cols(ref.dgamma, 1, H, c0, h), rt * R, rt);
+      wrong += count_wrong((tag + "dgamma").c_str(), got[i].dgamma, cols(ref.dgamma, 1, H, c0, h),
+                           rt * R, rt);
     if (s.centered) {
       wrong += count_wrong((tag + "mean").c_str(), got[i].mean, ref.mean, 1e-6, 1e-6);
       wrong += count_wrong((tag + "dbeta").c_str(), got[i].dbeta, cols(ref.dbeta, 1, H, c0, h),
@@ -165,7 +173,7 @@ TEST(BatchedAgreement, FailuresReachEveryRank) {
     auto mine = items;
     if (world_rank() == world_size() - 1) {
       if (variant == 0) mine[2].saved = DType::F16;  // not a statistics dtype
-      if (variant == 1) mine[1].affine = false;       // the k-norm without its gamma
+      if (variant == 1) mine[1].affine = false;      // the k-norm without its gamma
     }
     std::string msg;
     try {

@@ -65,9 +65,9 @@ TEST_P(FusedEquivalence, MatchesUnshardedReferenceAndSingleProcess) {
   st.h = h;
   st.affine = st.backward = st.extra = true;
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
-  const FusedOut got = run_fused(*world, st, mine(x, R), mine(f, R), mine(gamma, 1),
-                                 centered ? mine(beta, 1) : std::vector<float>{}, mine(dy, R),
-                                 mine(ex, R));
+  const FusedOut got =
+      run_fused(*world, st, mine(x, R), mine(f, R), mine(gamma, 1),
+                centered ? mine(beta, 1) : std::vector<float>{}, mine(dy, R), mine(ex, R));
   auto single = make_single_communicator();
   st.h = H;
   const FusedOut one = run_fused(*single, st, x, f, gamma, beta, dy, ex);

@@ -60,10 +60,9 @@ TEST_P(GroupNormEquivalence, MatchesUnshardedReference) {
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   world->set_strict_calls(0);
   world->reset_counters();
-  const GroupOut got =
-      run_group(*world, st, channel_slice(x, k.n, k.c, k.s, c0, nc),
-                channel_slice(gamma, 1, k.c, 1, c0, nc), channel_slice(beta, 1, k.c, 1, c0, nc),
-                channel_slice(dy, k.n, k.c, k.s, c0, nc));
+  const GroupOut got = run_group(
+      *world, st, channel_slice(x, k.n, k.c, k.s, c0, nc), channel_slice(gamma, 1, k.c, 1, c0, nc),
+      channel_slice(beta, 1, k.c, 1, c0, nc), channel_slice(dy, k.n, k.c, k.s, c0, nc));
   // One collective per call carrying every (sample, group): 2*N*G + 10 float64 values.
   EXPECT_EQ(world->counters().calls, 2u);
   EXPECT_EQ(world->counters().bytes_sent, 2u * (2 * k.n * groups + 10) * 8);

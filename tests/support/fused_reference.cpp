@@ -7,10 +7,10 @@
 namespace tpnorm_test {
 
 FusedRef fused_reference(bool centered, const std::vector<float>& x, const std::vector<float>& f,
-                         double alpha, const std::vector<float>& h_stored, int64_t rows,
-                         int64_t h, const std::vector<float>& gamma,
-                         const std::vector<float>& beta, double eps,
-                         const std::vector<float>& dy, const std::vector<float>& dh_extra) {
+                         double alpha, const std::vector<float>& h_stored, int64_t rows, int64_t h,
+                         const std::vector<float>& gamma, const std::vector<float>& beta,
+                         double eps, const std::vector<float>& dy,
+                         const std::vector<float>& dh_extra) {
   FusedRef r;
   r.h.resize(x.size());
   for (size_t i = 0; i < x.size(); ++i) r.h[i] = alpha * x[i] + f[i];

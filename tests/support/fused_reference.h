@@ -22,10 +22,9 @@ struct FusedRef {
 /// it because the op's h is alpha*x + f rounded to the storage dtype (twice in float32 for
 /// alpha != 1), and with |mean| >> std one rounding of h moves xhat by more than the tolerance.
 FusedRef fused_reference(bool centered, const std::vector<float>& x, const std::vector<float>& f,
-                         double alpha, const std::vector<float>& h_stored, int64_t rows,
-                         int64_t h, const std::vector<float>& gamma,
-                         const std::vector<float>& beta, double eps,
-                         const std::vector<float>& dy = {},
+                         double alpha, const std::vector<float>& h_stored, int64_t rows, int64_t h,
+                         const std::vector<float>& gamma, const std::vector<float>& beta,
+                         double eps, const std::vector<float>& dy = {},
                          const std::vector<float>& dh_extra = {});
 
 /// What one fused forward (+ backward) returns, read back as float.

@@ -77,8 +77,8 @@ GroupOut run_group(tpnorm::Communicator& comm, const GroupSetup& st, const std::
                    const std::vector<float>& gamma, const std::vector<float>& beta,
                    const std::vector<float>& dy) {
   using namespace tpnorm;
-  const int64_t groups = st.instance ? (st.cg.channels >= 0 ? st.cg.channels : st.c_local)
-                                     : st.cg.groups;
+  const int64_t groups =
+      st.instance ? (st.cg.channels >= 0 ? st.cg.channels : st.c_local) : st.cg.groups;
   const size_t ne = x.size();
   Buffer xb(st.dt, x), g(st.dt, gamma), b(st.dt, beta), y(st.dt, ne), mean(st.saved, st.n * groups),
       rstd(st.saved, st.n * groups);

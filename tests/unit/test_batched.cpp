@@ -23,8 +23,16 @@ namespace {
 BatchedItem make_item(bool centered, DType dt, DType saved, int64_t rows, int64_t h, bool affine,
                       uint64_t seed) {
   auto round = [&](std::vector<float> v) { return Buffer(dt, v).floats(); };
-  BatchedItem it{centered, dt, saved, rows, h, affine, round(normal(seed, 0, rows * h, 0.3, 2.0)),
-                 {}, {}, round(normal(seed, 1, rows * h))};
+  BatchedItem it{centered,
+                 dt,
+                 saved,
+                 rows,
+                 h,
+                 affine,
+                 round(normal(seed, 0, rows * h, 0.3, 2.0)),
+                 {},
+                 {},
+                 round(normal(seed, 1, rows * h))};
   if (affine) {
     it.gamma = round(normal(seed, 2, h, 1.0, 0.5));
     if (centered) it.beta = round(normal(seed, 3, h));
@@ -33,10 +41,10 @@ BatchedItem make_item(bool centered, DType dt, DType saved, int64_t rows, int64_
 }
 
 std::vector<BatchedItem> qk_and_prenorm() {
-  return {make_item(false, DType::F32, DType::F32, 24, 64, true, 1),    // q-norm: tokens x heads
-          make_item(false, DType::BF16, DType::F32, 12, 64, true, 2),   // k-norm: fewer kv heads
-          make_item(true, DType::F16, DType::F64, 6, 301, true, 3),     // pre-norm of the hidden
-          make_item(true, DType::F32, DType::F32, 5, 7, false, 4)};     // plain LayerNorm
+  return {make_item(false, DType::F32, DType::F32, 24, 64, true, 1),   // q-norm: tokens x heads
+          make_item(false, DType::BF16, DType::F32, 12, 64, true, 2),  // k-norm: fewer kv heads
+          make_item(true, DType::F16, DType::F64, 6, 301, true, 3),    // pre-norm of the hidden
+          make_item(true, DType::F32, DType::F32, 5, 7, false, 4)};    // plain LayerNorm
 }
 
 TEST(Batched, EachItemMatchesReference) {
@@ -45,8 +53,8 @@ TEST(Batched, EachItemMatchesReference) {
   const auto out = run_batched(*comm, items);
   for (size_t i = 0; i < items.size(); ++i) {
     const BatchedItem& it = items[i];
-    const RowRef ref = row_norm_reference(it.centered, it.x, it.rows, it.h, it.gamma, it.beta,
-                                          1e-5, it.dy);
+    const RowRef ref =
+        row_norm_reference(it.centered, it.x, it.rows, it.h, it.gamma, it.beta, 1e-5, it.dy);
     const double rt = storage_rtol(it.dt);
     const double rs = *std::max_element(ref.rstd.begin(), ref.rstd.end());
     SCOPED_TRACE("item " + std::to_string(i));
@@ -78,8 +86,8 @@ TEST(Batched, SameAsSeparateCalls) {
   const BatchedItem& it = items[3];
   std::vector<float> y(it.x.size()), mean(it.rows), rstd(it.rows);
   const Shape s{it.rows, it.h}, r{it.rows};
-  layer_norm_forward(*comm, view(it.x.data(), s), {}, {}, view(y.data(), s),
-                     view(mean.data(), r), view(rstd.data(), r));
+  layer_norm_forward(*comm, view(it.x.data(), s), {}, {}, view(y.data(), s), view(mean.data(), r),
+                     view(rstd.data(), r));
   EXPECT_EQ(together[3].y, y);
 }
 

@@ -69,18 +69,19 @@ TEST_P(FusedVsReference, ForwardAndBackward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, FusedVsReference,
-    ::testing::Combine(::testing::Bool(), ::testing::Values(1, 29), ::testing::Values(1, 229),
-                       ::testing::Values(1.0, 2.0), ::testing::Bool(),
-                       ::testing::Values(DType::F32, DType::F16, DType::BF16)),
-    [](const auto& i) {
-      return std::string(std::get<0>(i.param) ? "LayerNorm_" : "RMSNorm_") +
-             std::to_string(std::get<1>(i.param)) + "x" + std::to_string(std::get<2>(i.param)) +
-             (std::get<3>(i.param) == 1.0 ? "_alpha1" : "_alpha2") +
-             (std::get<4>(i.param) ? "_dhextra_" : "_nodhextra_") +
-             dtype_name(std::get<5>(i.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedVsReference,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(1, 29),
+                                            ::testing::Values(1, 229), ::testing::Values(1.0, 2.0),
+                                            ::testing::Bool(),
+                                            ::testing::Values(DType::F32, DType::F16, DType::BF16)),
+                         [](const auto& i) {
+                           return std::string(std::get<0>(i.param) ? "LayerNorm_" : "RMSNorm_") +
+                                  std::to_string(std::get<1>(i.param)) + "x" +
+                                  std::to_string(std::get<2>(i.param)) +
+                                  (std::get<3>(i.param) == 1.0 ? "_alpha1" : "_alpha2") +
+                                  (std::get<4>(i.param) ? "_dhextra_" : "_nodhextra_") +
+                                  dtype_name(std::get<5>(i.param));
+                         });
 
 // loss = sum(y * w) + sum(h * v): its gradient is exactly what the backward returns with
 // dy = w and dh_extra = v (dx = alpha * dh, df = dh), checked by central differences.

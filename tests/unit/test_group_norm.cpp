@@ -76,7 +76,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{2, 6, 49, 2, true, DType::BF16}),
     [](const auto& i) {
       const auto& p = i.param;
-      return (std::get<3>(p) == 0 ? std::string("Instance_") : "G" + std::to_string(std::get<3>(p)) + "_") +
+      return (std::get<3>(p) == 0 ? std::string("Instance_")
+                                  : "G" + std::to_string(std::get<3>(p)) + "_") +
              "N" + std::to_string(std::get<0>(p)) + "C" + std::to_string(std::get<1>(p)) + "S" +
              std::to_string(std::get<2>(p)) + (std::get<4>(p) ? "_affine_" : "_plain_") +
              dtype_name(std::get<5>(p));

@@ -77,7 +77,8 @@ void group_apply_forward(const GroupNormArgs& a, const T* x, const T* gamma, con
     const float b = beta ? to_float(beta[c]) : 0.0f;
     const T* xr = x + r * a.spatial;
     T* yr = y + r * a.spatial;
-    for (int64_t j = 0; j < a.spatial; ++j) yr[j] = from_float<T>(((to_float(xr[j]) - mh) - mt) * s + b);
+    for (int64_t j = 0; j < a.spatial; ++j)
+      yr[j] = from_float<T>(((to_float(xr[j]) - mh) - mt) * s + b);
   }
 }
 
@@ -131,20 +132,20 @@ void group_apply_backward(const GroupNormArgs& a, const T* dy, const T* x, const
   }
 }
 
-#define TPNORM_GROUP_INSTANTIATE_WS(T, W, S)                                                   \
-  template void group_apply_forward<T, W, S>(const GroupNormArgs&, const T*, const T*,        \
-                                             const T*, const W*, double, double, T*, S*, S*); \
-  template void group_partial_backward<T, W, S>(const GroupNormArgs&, const T*, const T*,     \
-                                                const T*, const S*, const S*, W*, double*);   \
-  template void group_apply_backward<T, W, S>(const GroupNormArgs&, const T*, const T*,       \
-                                              const T*, const S*, const S*, const W*, double, \
-                                              const double*, T*, T*, T*);
-#define TPNORM_GROUP_INSTANTIATE(T)                                                         \
+#define TPNORM_GROUP_INSTANTIATE_WS(T, W, S)                                                       \
+  template void group_apply_forward<T, W, S>(const GroupNormArgs&, const T*, const T*, const T*,   \
+                                             const W*, double, double, T*, S*, S*);                \
+  template void group_partial_backward<T, W, S>(const GroupNormArgs&, const T*, const T*,          \
+                                                const T*, const S*, const S*, W*, double*);        \
+  template void group_apply_backward<T, W, S>(const GroupNormArgs&, const T*, const T*, const T*,  \
+                                              const S*, const S*, const W*, double, const double*, \
+                                              T*, T*, T*);
+#define TPNORM_GROUP_INSTANTIATE(T)                                                        \
   template void group_partial_forward<T, float>(const GroupNormArgs&, const T*, float*);   \
   template void group_partial_forward<T, double>(const GroupNormArgs&, const T*, double*); \
-  TPNORM_GROUP_INSTANTIATE_WS(T, float, float)                                              \
-  TPNORM_GROUP_INSTANTIATE_WS(T, float, double)                                             \
-  TPNORM_GROUP_INSTANTIATE_WS(T, double, float)                                             \
+  TPNORM_GROUP_INSTANTIATE_WS(T, float, float)                                             \
+  TPNORM_GROUP_INSTANTIATE_WS(T, float, double)                                            \
+  TPNORM_GROUP_INSTANTIATE_WS(T, double, float)                                            \
   TPNORM_GROUP_INSTANTIATE_WS(T, double, double)
 
 TPNORM_GROUP_INSTANTIATE(float)

@@ -13,9 +13,8 @@ template <class T, class W>
 void residual_partial_forward(const RowNormArgs& a, const T* x, const T* f, float alpha, T* h,
                               W* stats) {
   const int k = a.centered ? 2 : 1;
-  const int nt = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(a.threads > 0 ? a.threads : omp_get_max_threads(),
-                                             a.rows)));
+  const int nt = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(a.threads > 0 ? a.threads : omp_get_max_threads(), a.rows)));
   // One row per step: the row kernel runs serially on a row that is hot in cache.
   const RowNormArgs one{1, a.h, a.centered, 1};
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -42,11 +41,11 @@ void residual_backward_epilogue(int64_t n, const T* dh_extra, float alpha, T* df
   }
 }
 
-#define TPNORM_RESIDUAL_INSTANTIATE(T)                                                         \
-  template void residual_partial_forward<T, float>(const RowNormArgs&, const T*, const T*,   \
-                                                   float, T*, float*);                        \
-  template void residual_partial_forward<T, double>(const RowNormArgs&, const T*, const T*,  \
-                                                    float, T*, double*);                      \
+#define TPNORM_RESIDUAL_INSTANTIATE(T)                                                             \
+  template void residual_partial_forward<T, float>(const RowNormArgs&, const T*, const T*, float,  \
+                                                   T*, float*);                                    \
+  template void residual_partial_forward<T, double>(const RowNormArgs&, const T*, const T*, float, \
+                                                    T*, double*);                                  \
   template void residual_backward_epilogue<T>(int64_t, const T*, float, T*, T*, int);
 
 TPNORM_RESIDUAL_INSTANTIATE(float)
