@@ -142,7 +142,7 @@ void* payload_of(PackedCall& call) {
 }
 
 void check_naive_count(Stats s, double n) {
-  if (s == Stats::kNaive && n >= 16777216.0)
+  if (s == Stats::kNaive && n >= kNaiveCountLimit)
     throw Error(ErrorCode::kInvalidArgument,
                 "tpnorm: the naive statistics mode supports fewer than 2^24 elements per row; "
                 "use Stats::kRobust");
