@@ -68,7 +68,7 @@ void fused_add_layer_norm_forward(Communicator& comm, const TensorView& x, const
 /// [in]  dh_extra      [rows, hidden_local] or absent (= 0)
 /// [in]  gamma         [hidden_local] or absent;  mean, rstd [rows] from the forward
 /// [in]  alpha         as in the forward
-/// [out] dx, df        [rows, hidden_local]
+/// [out] dx, df        [rows, hidden_local], two distinct buffers
 /// [out] dgamma, dbeta [hidden_local] or absent: sums over this rank's rows (overwritten)
 void fused_add_layer_norm_backward(Communicator& comm, const TensorView& dy,
                                    const TensorView& dh_extra, const TensorView& h,

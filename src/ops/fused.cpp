@@ -78,7 +78,10 @@ void backward(const char* op, bool centered, Communicator& comm, const TensorVie
   detail::Validator v(call, comm.device());
   // The norm's input gradient goes to df first; the epilogue then finishes df and dx.
   const detail::RowBackwardArgs norm{centered, dy, h, gamma, mean, rstd, df, dgamma, dbeta};
+  // h and df are checked under their own names first: the stage calls them x and dx.
   detail::host_only(v, comm.device()) && alpha_ok(v, alpha) && v.usable("h", h) &&
+      v.dtype_in("h", h, {DType::F32, DType::F16, DType::BF16}) && v.usable("df", df) &&
+      v.same_shape("df", df, h.shape) && v.same_dtype("df", df, h.dtype) &&
       detail::validate_row_backward(v, "", norm) && v.usable("dx", dx) &&
       v.same_shape("dx", dx, h.shape) && v.same_dtype("dx", dx, h.dtype) &&
       (!dh_extra.present() ||

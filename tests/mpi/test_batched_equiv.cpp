@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "batched_runner.h"
@@ -111,6 +112,7 @@ TEST(BatchedEquivalence, EveryItemMatchesUnshardedReference) {
   const auto got = run_batched(*world, items);
   EXPECT_EQ(world->counters().calls, 2u) << "one collective per batched forward and backward";
 
+  reset_max_abs_err();
   int64_t wrong = 0;
   for (size_t i = 0; i < kSpecs.size(); ++i) {
     const Spec& s = kSpecs[i];
@@ -134,6 +136,8 @@ TEST(BatchedEquivalence, EveryItemMatchesUnshardedReference) {
     }
   }
   EXPECT_EQ(sum_over_ranks(wrong), 0) << "elements out of tolerance, summed over " << P << " ranks";
+  const double worst = max_over_ranks(max_abs_err());
+  if (me == 0) std::printf("largest |got - want| over ranks: %.3g\n", worst);
 }
 
 // Bytes of the one collective: (sum rows_i * k_i + K + H) wire values, H = 10 or 2.

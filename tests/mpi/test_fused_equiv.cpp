@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "fused_reference.h"
 #include "harness.h"
@@ -99,9 +100,12 @@ TEST_P(FusedEquivalence, MatchesUnshardedReferenceAndSingleProcess) {
     checks.push_back({"mean", got.mean, ref.norm.mean, 1e-6, 1e-6});
     checks.push_back({"dbeta", got.dbeta, cols(ref.norm.dbeta, 1, H, c0, h), rt * R, rt});
   }
+  reset_max_abs_err();
   int64_t wrong = 0;
   for (const Check& k : checks) wrong += count_wrong(k.what, k.got, k.want, k.atol, k.rtol);
   EXPECT_EQ(sum_over_ranks(wrong), 0) << "elements out of tolerance, summed over " << P << " ranks";
+  const double worst = max_over_ranks(max_abs_err());
+  if (me == 0) std::printf("largest |got - want| over ranks: %.3g\n", worst);
 }
 
 const Case kCases[] = {

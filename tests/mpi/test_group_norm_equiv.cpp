@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "group_reference.h"
 #include "harness.h"
@@ -70,6 +71,7 @@ TEST_P(GroupNormEquivalence, MatchesUnshardedReference) {
   const GroupRef ref = group_norm_reference(x, k.n, k.c, k.s, groups, gamma, beta, 1e-5, dy);
   const double rt = storage_rtol(k.dt);
   const double rs = *std::max_element(ref.rstd.begin(), ref.rstd.end());
+  reset_max_abs_err();
   int64_t wrong = 0;
   wrong += count_wrong("y", got.y, channel_slice(ref.y, k.n, k.c, k.s, c0, nc), rt, rt);
   wrong += count_wrong("mean", got.mean, ref.mean, 1e-6, 1e-6);
@@ -81,6 +83,8 @@ TEST_P(GroupNormEquivalence, MatchesUnshardedReference) {
   wrong += count_wrong("dbeta", got.dbeta, channel_slice(ref.dbeta, 1, k.c, 1, c0, nc),
                        rt * k.n * k.s, rt);
   EXPECT_EQ(sum_over_ranks(wrong), 0) << "elements out of tolerance, summed over " << P << " ranks";
+  const double worst = max_over_ranks(max_abs_err());
+  if (me == 0) std::printf("largest |got - want| over ranks: %.3g\n", worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(

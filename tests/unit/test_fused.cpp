@@ -145,4 +145,19 @@ TEST(Fused, InPlaceResidualMatches) {
   }
 }
 
+// A bad df is reported as 'df' (the norm stage inside calls its output dx).
+TEST(Fused, BadDfIsNamed) {
+  auto comm = make_single_communicator();
+  std::vector<float> h(12, 1.f), dy(12), dx(12), df(10), rstd(3), mean(3);
+  const Shape s{3, 4}, r{3};
+  try {
+    fused_add_layer_norm_backward(*comm, view(dy.data(), s), {}, view(h.data(), s), {},
+                                  view(mean.data(), r), view(rstd.data(), r), 1.0,
+                                  view(dx.data(), s), view(df.data(), {2, 5}), {}, {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'df' has shape [2, 5]"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
