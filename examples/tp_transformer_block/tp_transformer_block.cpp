@@ -190,7 +190,7 @@ struct TpMlp {
       du[i] = static_cast<float>(da[i] * (1.0 - double(a[i]) * a[i]));
       db1[i % Fp] += du[i];
     }
-    dW1 = gemm(H, Fp, T, u, 1, H, du, Fp, 1);  // u^T du
+    dW1 = gemm(H, Fp, T, u, 1, H, du, Fp, 1);                                // u^T du
     return reduce_scatter_hidden(tp, gemm(T, H, Fp, du, Fp, 1, W1, 1, Fp));  // du W1^T
   }
   void step(double lr) {
@@ -254,11 +254,13 @@ int main(int argc, char** argv) {
   tp.T = static_cast<int64_t>(f.num("tokens", 16));
   tp.H = static_cast<int64_t>(f.num("hidden", 30));
   const int64_t F = static_cast<int64_t>(f.num("ffn", 64));
-  const int layers = static_cast<int>(f.num("layers", 2)), steps = static_cast<int>(f.num("steps", 30));
+  const int layers = static_cast<int>(f.num("layers", 2)),
+            steps = static_cast<int>(f.num("steps", 30));
   const double lr = f.num("lr", 0.05);
   const std::string arch_name = f.get("arch", "pre"), norm_name = f.get("norm", "layernorm");
-  const Arch arch = arch_name == "post" ? Arch::kPost
-                    : arch_name == "deepnorm" ? Arch::kDeepNorm : Arch::kPre;
+  const Arch arch = arch_name == "post"       ? Arch::kPost
+                    : arch_name == "deepnorm" ? Arch::kDeepNorm
+                                              : Arch::kPre;
   const bool rms = norm_name == "rmsnorm";
   for (int q = 0; q < tp.P; ++q) tp.hid.push_back(slice_of(tp.H, tp.P, q));
   const Slice me = tp.me();
@@ -269,8 +271,8 @@ int main(int argc, char** argv) {
   for (int64_t t = 0; t < tp.T; ++t)
     for (int64_t c = me.c0; c < me.c0 + me.n; ++c) {
       x.push_back(static_cast<float>(X[t * tp.H + c]));
-      y.push_back(static_cast<float>(
-          std::tanh(X[t * tp.H + (c + 1) % tp.H] - 0.5 * X[t * tp.H + c])));
+      y.push_back(
+          static_cast<float>(std::tanh(X[t * tp.H + (c + 1) % tp.H] - 0.5 * X[t * tp.H + c])));
     }
 
   std::vector<Block> blocks;
