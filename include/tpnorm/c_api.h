@@ -11,7 +11,8 @@
  * handle works on a duplicate of it (MPI_Comm_dup); the caller keeps and frees its own handle
  * and must destroy the tpnorm communicator (collectively) before MPI_Finalize.
  *
- * Formulas, shapes and the one-collective-per-call rule are those of tpnorm/norm.h: x is
+ * Formulas, shapes and the one-collective-per-call rule are those of tpnorm/norm.h and
+ * tpnorm/batch_norm.h. For LayerNorm / RMSNorm, x is
  * [rows, hidden_local] row-major, gamma / beta [hidden_local] or NULL, mean / rstd [rows] or
  * NULL (forward only). NULL means "absent", which must agree across ranks: on a rank with
  * hidden_local = 0, pass a non-NULL gamma / beta (never read) when the other ranks pass theirs;
@@ -57,6 +58,25 @@ typedef struct {
 #define TPNORM_NORM_OPTIONS_INITIALIZER \
   { sizeof(tpnorm_norm_options_t), TPNORM_NORM_OPTIONS_VERSION, 1e-5, TPNORM_STATS_ROBUST, 1, 0 }
 
+/* SyncBatchNorm options, versioned the same way; TPNORM_BATCH_NORM_OPTIONS_INITIALIZER gives
+ * PyTorch's defaults (eps 1e-5, momentum 0.1, training, NCHW). */
+typedef enum { TPNORM_LAYOUT_NCHW = 0, TPNORM_LAYOUT_CHANNELS_LAST = 1 } tpnorm_layout_t;
+#define TPNORM_BATCH_NORM_OPTIONS_VERSION 1
+typedef struct {
+  size_t size;          /* sizeof(tpnorm_batch_norm_options_t) as the caller compiled it */
+  unsigned int version; /* TPNORM_BATCH_NORM_OPTIONS_VERSION */
+  double eps;           /* > 0 and finite */
+  double momentum;      /* running-statistics momentum; NAN = cumulative average */
+  int training;         /* nonzero: batch statistics (one collective); 0: running statistics */
+  int layout;           /* tpnorm_layout_t */
+  int stats;            /* tpnorm_stats_t */
+  int check_agreement;  /* nonzero: fold a fingerprint of the call into the collective */
+  int num_threads;      /* CPU threads per rank; 0 = OpenMP's default */
+} tpnorm_batch_norm_options_t;
+#define TPNORM_BATCH_NORM_OPTIONS_INITIALIZER                                                  \
+  { sizeof(tpnorm_batch_norm_options_t), TPNORM_BATCH_NORM_OPTIONS_VERSION, 1e-5, 0.1, 1,     \
+    TPNORM_LAYOUT_NCHW, TPNORM_STATS_ROBUST, 1, 0 }
+
 typedef struct tpnorm_comm_s* tpnorm_comm_t;
 
 /* The message of this thread's last failed call ("" if none). */
@@ -96,6 +116,22 @@ tpnorm_status_t tpnorm_rms_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtyp
                                          const void* gamma, tpnorm_dtype_t stats_dtype,
                                          const void* rstd, void* dx, void* dgamma,
                                          const tpnorm_norm_options_t* opt);
+
+/* SyncBatchNorm. x is [N_local, C, *spatial] (NCHW) or [N_local, *spatial, C] (channels last),
+ * given as `ndim` (2..8) dims at `shape`; N_local may be 0 on some ranks. gamma, beta [C] in
+ * `dtype` or NULL (affine off); running_mean / running_var [C] in `stats_dtype` or NULL (no
+ * running statistics); num_batches_tracked may be NULL unless momentum is NAN; save_mean /
+ * save_invstd [C] in `stats_dtype`, written by the forward and read by the backward. */
+tpnorm_status_t tpnorm_sync_batch_norm_forward(
+    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim, const int64_t* shape, const void* x,
+    const void* gamma, const void* beta, tpnorm_dtype_t stats_dtype, void* running_mean,
+    void* running_var, int64_t* num_batches_tracked, void* y, void* save_mean, void* save_invstd,
+    const tpnorm_batch_norm_options_t* opt);
+tpnorm_status_t tpnorm_sync_batch_norm_backward(
+    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim, const int64_t* shape, const void* dy,
+    const void* x, const void* gamma, tpnorm_dtype_t stats_dtype, const void* save_mean,
+    const void* save_invstd, void* dx, void* dgamma, void* dbeta,
+    const tpnorm_batch_norm_options_t* opt);
 
 #ifdef __cplusplus
 }

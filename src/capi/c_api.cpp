@@ -8,7 +8,9 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <type_traits>
 
+#include "tpnorm/batch_norm.h"
 #include "tpnorm/error.h"
 #include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
@@ -45,25 +47,68 @@ tpnorm_status_t guarded(Fn&& fn) {
   }
 }
 
-// Reads the fields the caller's struct has (its `size`), defaults for the rest. A struct that
-// was never initialised becomes eps = NaN: the call still reaches its collective and fails on
-// every rank together, instead of returning early on this rank alone.
+// Options structs: the fields the caller's struct has (its `size`) are read, the rest keep
+// their defaults. A struct that was never initialised becomes eps = NaN: the call still reaches
+// its collective and fails on every rank together, instead of returning early on one rank.
+#define TPNORM_READ_FIELD(o, field, dst)                                                  \
+  do {                                                                                    \
+    using S_ = std::remove_cv_t<std::remove_pointer_t<decltype(o)>>;                      \
+    if ((o)->size >= offsetof(S_, field) + sizeof((o)->field)) dst = (o)->field;          \
+  } while (0)
+
+template <class C, class R>
+bool initialised(const C* o, R& r) {
+  if (o->size >= offsetof(C, eps) && o->version != 0) return true;
+  r.eps = std::numeric_limits<double>::quiet_NaN();
+  return false;
+}
+
 tpnorm::NormOptions options(const tpnorm_norm_options_t* o) {
   tpnorm::NormOptions r;
-  if (!o) return r;
-  if (o->size < offsetof(tpnorm_norm_options_t, eps) || o->version == 0) {
-    r.eps = std::numeric_limits<double>::quiet_NaN();
-    return r;
-  }
-  auto has = [&](size_t off, size_t n) { return o->size >= off + n; };
-  if (has(offsetof(tpnorm_norm_options_t, eps), sizeof o->eps)) r.eps = o->eps;
-  if (has(offsetof(tpnorm_norm_options_t, stats), sizeof o->stats))
-    r.stats = static_cast<tpnorm::Stats>(o->stats);
-  if (has(offsetof(tpnorm_norm_options_t, check_agreement), sizeof o->check_agreement))
-    r.check_agreement = o->check_agreement != 0;
-  if (has(offsetof(tpnorm_norm_options_t, num_threads), sizeof o->num_threads))
-    r.num_threads = o->num_threads;
+  if (!o || !initialised(o, r)) return r;
+  int stats = static_cast<int>(r.stats), check = r.check_agreement;
+  TPNORM_READ_FIELD(o, eps, r.eps);
+  TPNORM_READ_FIELD(o, stats, stats);
+  TPNORM_READ_FIELD(o, check_agreement, check);
+  TPNORM_READ_FIELD(o, num_threads, r.num_threads);
+  r.stats = static_cast<tpnorm::Stats>(stats);
+  r.check_agreement = check != 0;
   return r;
+}
+
+tpnorm::BatchNormOptions options(const tpnorm_batch_norm_options_t* o) {
+  tpnorm::BatchNormOptions r;
+  if (!o || !initialised(o, r)) return r;
+  int training = r.training, layout = static_cast<int>(r.layout),
+      stats = static_cast<int>(r.stats), check = r.check_agreement;
+  TPNORM_READ_FIELD(o, eps, r.eps);
+  TPNORM_READ_FIELD(o, momentum, r.momentum);
+  TPNORM_READ_FIELD(o, training, training);
+  TPNORM_READ_FIELD(o, layout, layout);
+  TPNORM_READ_FIELD(o, stats, stats);
+  TPNORM_READ_FIELD(o, check_agreement, check);
+  TPNORM_READ_FIELD(o, num_threads, r.num_threads);
+  r.training = training != 0;
+  r.layout = static_cast<tpnorm::Layout>(layout);
+  r.stats = static_cast<tpnorm::Stats>(stats);
+  r.check_agreement = check != 0;
+  return r;
+}
+
+// x's shape from (ndim, dims). A shape that cannot be represented becomes [0]: the op's
+// validator rejects it on this rank inside the call's collective (ranks fail together).
+Shape shape_of(int ndim, const int64_t* dims) {
+  Shape s{0};
+  if (!dims || ndim < 1 || ndim > Shape::kMaxDims) return s;
+  s.ndim = ndim;
+  for (int i = 0; i < ndim; ++i) s.dims[i] = dims[i];
+  return s;
+}
+
+// Channels of x under the layout (0 for a shape the op will reject anyway).
+int64_t channels(const Shape& s, const tpnorm::BatchNormOptions& o) {
+  if (s.ndim < 2) return 0;
+  return o.layout == tpnorm::Layout::kChannelsLast ? s.dims[s.ndim - 1] : s.dims[1];
 }
 
 // A required argument is always a present view (the validators reject NULL data only when it
@@ -173,6 +218,39 @@ tpnorm_status_t tpnorm_rms_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtyp
     tpnorm::rms_norm_backward(*get(comm), req(dy, dtype, {rows, h}), req(x, dtype, {rows, h}),
                               maybe(gamma, dtype, {h}), maybe(rstd, sd, {rows}),
                               req(dx, dtype, {rows, h}), maybe(dgamma, dtype, {h}), options(opt));
+  });
+}
+
+tpnorm_status_t tpnorm_sync_batch_norm_forward(
+    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim, const int64_t* shape, const void* x,
+    const void* gamma, const void* beta, tpnorm_dtype_t sd, void* running_mean, void* running_var,
+    int64_t* num_batches_tracked, void* y, void* save_mean, void* save_invstd,
+    const tpnorm_batch_norm_options_t* opt) {
+  return guarded([&] {
+    const tpnorm::BatchNormOptions o = options(opt);
+    const Shape s = shape_of(ndim, shape);
+    const int64_t C = channels(s, o);
+    tpnorm::sync_batch_norm_forward(*get(comm), req(x, dtype, s), maybe(gamma, dtype, {C}),
+                                    maybe(beta, dtype, {C}), maybe(running_mean, sd, {C}),
+                                    maybe(running_var, sd, {C}), num_batches_tracked,
+                                    req(y, dtype, s), maybe(save_mean, sd, {C}),
+                                    maybe(save_invstd, sd, {C}), o);
+  });
+}
+
+tpnorm_status_t tpnorm_sync_batch_norm_backward(
+    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim, const int64_t* shape, const void* dy,
+    const void* x, const void* gamma, tpnorm_dtype_t sd, const void* save_mean,
+    const void* save_invstd, void* dx, void* dgamma, void* dbeta,
+    const tpnorm_batch_norm_options_t* opt) {
+  return guarded([&] {
+    const tpnorm::BatchNormOptions o = options(opt);
+    const Shape s = shape_of(ndim, shape);
+    const int64_t C = channels(s, o);
+    tpnorm::sync_batch_norm_backward(*get(comm), req(dy, dtype, s), req(x, dtype, s),
+                                     maybe(gamma, dtype, {C}), maybe(save_mean, sd, {C}),
+                                     maybe(save_invstd, sd, {C}), req(dx, dtype, s),
+                                     maybe(dgamma, dtype, {C}), maybe(dbeta, dtype, {C}), o);
   });
 }
 

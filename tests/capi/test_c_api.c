@@ -1,5 +1,6 @@
 /* test_c_api.c — the C API from C at P ranks: sharded LayerNorm / RMSNorm forward and backward
- * against a float64 reference on the full rows, and error paths (eps <= 0 on one rank, an
+ * against a float64 reference on the full rows, SyncBatchNorm (uneven batches) against a float64
+ * BatchNorm on the concatenated batch, and error paths (eps <= 0 on one rank, an
  * uninitialised options struct) that must fail on every rank with the same status and message
  * and leave the outputs untouched. Every rank makes every call; the verdict is all-reduced. */
 #include <math.h>
@@ -54,6 +55,68 @@ static void check_status(tpnorm_status_t s, const char* what) {
   expect(s == TPNORM_SUCCESS, what);
 }
 
+/* SyncBatchNorm on x [n, BC, BS] (batch BN split over ranks, sample b from a formula): y, the
+ * running statistics after one step, dx and the all-reduced dgamma / dbeta against float64. */
+enum { BN = 5, BC = 3, BS = 4 };
+static double bx(int b, int c, int s) { return 2.0 + sin(0.9 * b + 1.7 * c + 0.31 * s) * (1 + c); }
+static double bdy(int b, int c, int s) { return cos(0.4 * b - 0.8 * c + 0.5 * s); }
+
+static void check_sync_batch_norm(tpnorm_comm_t comm) {
+  const int b0 = BN * rank / nranks, n = BN * (rank + 1) / nranks - b0, m = BN * BS;
+  const int64_t shape[3] = {n, BC, BS};
+  float x[BN * BC * BS], dy[BN * BC * BS], y[BN * BC * BS], dx[BN * BC * BS];
+  float gamma[BC], beta[BC], dg[BC], db[BC], rm[BC], rv[BC], sm[BC], si[BC];
+  int64_t tracked = 0;
+  int b, c, s;
+  const tpnorm_batch_norm_options_t opt = TPNORM_BATCH_NORM_OPTIONS_INITIALIZER;
+  for (b = 0; b < n; ++b)
+    for (c = 0; c < BC; ++c)
+      for (s = 0; s < BS; ++s) {
+        x[(b * BC + c) * BS + s] = (float)bx(b0 + b, c, s);
+        dy[(b * BC + c) * BS + s] = (float)bdy(b0 + b, c, s);
+      }
+  for (c = 0; c < BC; ++c) {
+    gamma[c] = (float)g_at(c);
+    beta[c] = (float)b_at(c);
+    rm[c] = 0.0f;
+    rv[c] = 1.0f;
+  }
+  check_status(tpnorm_sync_batch_norm_forward(comm, TPNORM_F32, 3, shape, x, gamma, beta,
+                                              TPNORM_F32, rm, rv, &tracked, y, sm, si, &opt),
+               "sync_batch_norm_forward");
+  check_status(tpnorm_sync_batch_norm_backward(comm, TPNORM_F32, 3, shape, dy, x, gamma,
+                                               TPNORM_F32, sm, si, dx, dg, db, &opt),
+               "sync_batch_norm_backward");
+  MPI_Allreduce(MPI_IN_PLACE, dg, BC, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, db, BC, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  expect(tracked == 1, "num_batches_tracked incremented");
+  for (c = 0; c < BC; ++c) {
+    double mu = 0, var = 0, sdy = 0, sdyx = 0, is;
+    for (b = 0; b < BN; ++b)
+      for (s = 0; s < BS; ++s) mu += bx(b, c, s) / m;
+    for (b = 0; b < BN; ++b)
+      for (s = 0; s < BS; ++s) {
+        var += (bx(b, c, s) - mu) * (bx(b, c, s) - mu) / m;
+        sdy += bdy(b, c, s);
+        sdyx += bdy(b, c, s) * (bx(b, c, s) - mu);
+      }
+    is = 1.0 / sqrt(var + 1e-5);
+    expect(fabs(rm[c] - 0.1 * mu) <= 1e-6 + 1e-5 * fabs(mu), "running_mean");
+    expect(fabs(rv[c] - (0.9 + 0.1 * var * m / (m - 1))) <= 1e-5, "running_var");
+    expect(fabs(dg[c] - sdyx * is) <= 1e-4, "dgamma (all-reduced)");
+    expect(fabs(db[c] - sdy) <= 1e-4, "dbeta (all-reduced)");
+    for (b = 0; b < n; ++b)
+      for (s = 0; s < BS; ++s) {
+        const int i = (b * BC + c) * BS + s;
+        const double xm = bx(b0 + b, c, s) - mu;
+        const double ry = g_at(c) * xm * is + b_at(c);
+        const double rdx = g_at(c) * is * (bdy(b0 + b, c, s) - sdy / m - xm * is * is * sdyx / m);
+        expect(fabs(y[i] - ry) <= 1e-5 + 1e-5 * fabs(ry), "batch norm y vs float64 reference");
+        expect(fabs(dx[i] - rdx) <= 1e-5 + 1e-4 * fabs(rdx), "batch norm dx vs float64 reference");
+      }
+  }
+}
+
 int main(int argc, char** argv) {
   tpnorm_comm_t comm = NULL;
   int c0, h, r, c, centered, size = 0, total;
@@ -99,6 +162,8 @@ int main(int argc, char** argv) {
         expect(fabs(dx[r * h + c] - rdx) <= 1e-5 + 1e-4 * fabs(rdx), "dx vs float64 reference");
       }
   }
+
+  check_sync_batch_norm(comm);
 
   { /* Error paths: every rank fails with the same status and message; y stays untouched. */
     tpnorm_norm_options_t bad = TPNORM_NORM_OPTIONS_INITIALIZER, zeroed;
