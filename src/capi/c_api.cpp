@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -169,10 +170,12 @@ tpnorm_status_t tpnorm_comm_destroy(tpnorm_comm_t comm) {
 }
 
 tpnorm_status_t tpnorm_comm_rank(tpnorm_comm_t comm, int* rank) {
+  if (!rank) return fail(TPNORM_INVALID_ARGUMENT, "tpnorm: 'rank' is null");
   return guarded([&] { *rank = get(comm)->rank(); });
 }
 
 tpnorm_status_t tpnorm_comm_size(tpnorm_comm_t comm, int* size) {
+  if (!size) return fail(TPNORM_INVALID_ARGUMENT, "tpnorm: 'size' is null");
   return guarded([&] { *size = get(comm)->size(); });
 }
 
