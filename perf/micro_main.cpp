@@ -1,0 +1,160 @@
+// micro_main.cpp — the harness behind micro.h: registration, the memory limit, and the table.
+//
+// The memory limit for a case is the faster of memcpy and the streaming-store copy
+// (kernels/cpu/stream_store.h) moving the same bytes (half read, half written) with the same
+// thread count, measured in the same run. The table uses each benchmark's median over the
+// repetitions (--benchmark_repetitions), or its only run without repetitions.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "kernels/cpu/stream_store.h"
+#include "micro.h"
+
+namespace tpnorm_perf {
+namespace {
+
+struct Case {
+  std::string op, pass, shape;
+  int64_t bytes;
+  std::function<Call()> make;
+};
+std::vector<Case>& cases() {
+  static std::vector<Case> c;
+  return c;
+}
+
+constexpr int kThreads[] = {1, 2};
+
+std::string case_name(const Case& c, int t) {
+  return c.op + "/" + c.pass + "/" + c.shape + "/threads:" + std::to_string(t);
+}
+std::string limit_name(const char* kind, int64_t bytes, int t) {
+  return std::string("limit/") + kind + "/" + std::to_string(bytes >> 20) + "MiB/threads:" +
+         std::to_string(t);
+}
+
+struct Aligned {
+  void operator()(float* p) const { std::free(p); }
+};
+std::unique_ptr<float, Aligned> alloc(int64_t n) {
+  const size_t b = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
+  auto* p = static_cast<float*>(std::aligned_alloc(64, b));
+  std::memset(p, 1, b);  // fault the pages in before timing
+  return std::unique_ptr<float, Aligned>(p);
+}
+
+// Each thread copies one contiguous slice, as the kernels split rows.
+void copy_bench(benchmark::State& st, int64_t bytes, int threads, bool streaming) {
+  const int64_t n = bytes / 2 / static_cast<int64_t>(sizeof(float));
+  auto src = alloc(n), dst = alloc(n);
+  for (auto _ : st) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t lo = n * omp_get_thread_num() / threads;
+      const int64_t hi = n * (omp_get_thread_num() + 1) / threads;
+      if (streaming) {
+        tpnorm::kernels::cpu::stream_copy(dst.get() + lo, src.get() + lo, hi - lo);
+        tpnorm::kernels::cpu::stream_fence();
+      } else {
+        std::memcpy(dst.get() + lo, src.get() + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(st.iterations() * bytes);
+}
+
+void register_all() {
+  std::set<std::pair<int64_t, int>> limits;
+  for (const Case& c : cases()) {
+    for (int t : kThreads) {
+      benchmark::RegisterBenchmark(case_name(c, t).c_str(), [c, t](benchmark::State& st) {
+        const Call call = c.make();
+        call(t);  // warm-up: first touch of the output pages
+        for (auto _ : st) call(t);
+        st.SetBytesProcessed(st.iterations() * c.bytes);
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+      if (!limits.insert({c.bytes, t}).second) continue;
+      for (bool s : {false, true})
+        benchmark::RegisterBenchmark(
+            limit_name(s ? "stream" : "memcpy", c.bytes, t).c_str(),
+            [b = c.bytes, t, s](benchmark::State& st) { copy_bench(st, b, t, s); })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+// Keeps each benchmark's median bytes/s while the console reporter prints as usual.
+class Collect : public benchmark::ConsoleReporter {
+ public:
+  std::map<std::string, double> gbps;
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      const bool median = r.aggregate_name == "median";
+      std::string name = r.run_name.str();
+      const std::string suffix = "/real_time";  // added by UseRealTime()
+      if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        name.resize(name.size() - suffix.size());
+      auto it = r.counters.find("bytes_per_second");
+      if (it == r.counters.end()) continue;
+      if (median || (r.aggregate_name.empty() && !gbps.count(name)))
+        gbps[name] = it->second.value / 1e9;
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+double get(const std::map<std::string, double>& m, const std::string& k) {
+  auto it = m.find(k);
+  return it == m.end() ? 0 : it->second;
+}
+
+void print_table(const std::map<std::string, double>& m) {
+  std::printf("\n%-10s %-9s %-11s %3s %8s %8s %8s %6s %9s\n", "op", "pass", "shape", "thr",
+              "GB/s", "memcpy", "stream", "ratio", "2T/1T");
+  for (const Case& c : cases()) {
+    for (int t : kThreads) {
+      const double g = get(m, case_name(c, t));
+      if (g == 0) continue;  // filtered out
+      const double mc = get(m, limit_name("memcpy", c.bytes, t));
+      const double sc = get(m, limit_name("stream", c.bytes, t));
+      const double lim = std::max(mc, sc);
+      const double g1 = get(m, case_name(c, 1));
+      char scale[16] = "";
+      if (t > 1 && g1 > 0) std::snprintf(scale, sizeof scale, "%.2fx", g / g1);
+      std::printf("%-10s %-9s %-11s %3d %8.1f %8.1f %8.1f %5.0f%% %9s\n", c.op.c_str(),
+                  c.pass.c_str(), c.shape.c_str(), t, g, mc, sc, lim > 0 ? 100 * g / lim : 0.0,
+                  scale);
+    }
+  }
+  std::printf("(GB/s: median, bytes = minimum traffic; ratio = op / max(memcpy, stream) at the "
+              "same bytes and threads; 2T/1T = op at 2 threads over 1)\n");
+}
+
+}  // namespace
+
+void add_op(const std::string& op, const std::string& pass, const std::string& shape,
+            int64_t bytes, std::function<Call()> make) {
+  cases().push_back({op, pass, shape, bytes, std::move(make)});
+}
+
+}  // namespace tpnorm_perf
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  tpnorm_perf::register_all();
+  tpnorm_perf::Collect rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  tpnorm_perf::print_table(rep.gbps);
+  benchmark::Shutdown();
+  return 0;
+}
