@@ -30,6 +30,12 @@ Geometry geometry(const TensorView& x) {
 
 DType wire_of(Stats s) { return s == Stats::kNaive ? DType::F32 : DType::F64; }
 
+// At one rank the reduce is the identity, so the apply kernels may compute each row's
+// statistics themselves while the row is in cache: one pass over memory instead of two, the
+// same bits, and still the call's one collective (which checks the arguments) before any output
+// is written.
+bool fused_at(const Communicator& comm) { return comm.size() == 1; }
+
 void agree_common(detail::PackedCall& call, const TensorView& x, const Geometry& g,
                   const NormOptions& opt, bool centered) {
   call.agree("rows", static_cast<double>(g.rows));
@@ -67,8 +73,8 @@ void forward(const char* op, bool centered, Communicator& comm, const TensorView
   const int per_row = centered ? 2 : 1;
   // Same payload length on every rank that agrees on rows, failed or not.
   call.prepare(static_cast<size_t>(g.rows > 0 ? g.rows * per_row : 0), static_cast<double>(g.h));
-  const kc::RowNormArgs a{g.rows, g.h, centered, opt.num_threads};
-  if (!call.failed()) {
+  const kc::RowNormArgs a{g.rows, g.h, centered, opt.num_threads, fused_at(comm)};
+  if (!call.failed() && !a.fused) {
     detail::dispatch_storage(x.dtype, [&](auto t) {
       using T = decltype(t);
       detail::dispatch_acc(call.wire(), [&](auto w) {
@@ -118,7 +124,7 @@ void backward(const char* op, bool centered, Communicator& comm, const TensorVie
   const int per_row = centered ? 2 : 1;
   // Same payload length on every rank that agrees on rows, failed or not.
   call.prepare(static_cast<size_t>(g.rows > 0 ? g.rows * per_row : 0), static_cast<double>(g.h));
-  const kc::RowNormArgs a{g.rows, g.h, centered, opt.num_threads};
+  const kc::RowNormArgs a{g.rows, g.h, centered, opt.num_threads, fused_at(comm)};
   auto run = [&](auto&& body) {
     detail::dispatch_storage(x.dtype, [&](auto t) {
       detail::dispatch_acc(call.wire(), [&](auto w) {
@@ -126,7 +132,7 @@ void backward(const char* op, bool centered, Communicator& comm, const TensorVie
       });
     });
   };
-  if (!call.failed()) {
+  if (!call.failed() && !a.fused) {
     run([&](auto t, auto w, auto s) {
       using T = decltype(t);
       using W = decltype(w);

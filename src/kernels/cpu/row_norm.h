@@ -19,24 +19,29 @@ struct RowNormArgs {
   int64_t h = 0;           ///< this rank's columns
   bool centered = true;    ///< LayerNorm (true) or RMSNorm (false)
   int threads = 0;         ///< 0: OpenMP default
+  /// One rank (the reduce is the identity): the apply_* kernels compute each row's statistics
+  /// themselves, while the row is in cache, and write them to `stats` instead of reading it.
+  bool fused = false;
 };
 
 template <class T, class W>
 void row_partial_forward(const RowNormArgs& a, const T* x, W* stats);
 
-/// mean/rstd may be null (not saved). n: global count per row; stats: summed over ranks.
+/// mean/rstd may be null (not saved). n: global count per row; stats: summed over ranks
+/// ([out] instead with a.fused).
 template <class T, class W, class S>
 void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T* beta,
-                       const W* stats, double n, double eps, T* y, S* mean, S* rstd);
+                       W* stats, double n, double eps, T* y, S* mean, S* rstd);
 
 template <class T, class W, class S>
 void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
                           const S* mean, const S* rstd, W* stats);
 
 /// dgamma / dbeta may be null; they are overwritten with sums over this rank's rows.
+/// stats: summed over ranks ([out] instead with a.fused).
 template <class T, class W, class S>
 void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
-                        const S* mean, const S* rstd, const W* stats, double n, T* dx,
+                        const S* mean, const S* rstd, W* stats, double n, T* dx,
                         T* dgamma, T* dbeta);
 
 }  // namespace tpnorm::kernels::cpu
