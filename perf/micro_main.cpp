@@ -117,26 +117,31 @@ double get(const std::map<std::string, double>& m, const std::string& k) {
   return it == m.end() ? 0 : it->second;
 }
 
+double limit(const std::map<std::string, double>& m, int64_t bytes, int t) {
+  return std::max(get(m, limit_name("memcpy", bytes, t)), get(m, limit_name("stream", bytes, t)));
+}
+
 void print_table(const std::map<std::string, double>& m) {
-  std::printf("\n%-10s %-9s %-11s %3s %8s %8s %8s %6s %9s\n", "op", "pass", "shape", "thr",
-              "GB/s", "memcpy", "stream", "ratio", "2T/1T");
+  std::printf("\n%-10s %-9s %-11s %3s %7s %7s %7s %6s %7s %7s\n", "op", "pass", "shape", "thr",
+              "GB/s", "memcpy", "stream", "ratio", "op2/1", "copy2/1");
   for (const Case& c : cases()) {
     for (int t : kThreads) {
       const double g = get(m, case_name(c, t));
       if (g == 0) continue;  // filtered out
-      const double mc = get(m, limit_name("memcpy", c.bytes, t));
-      const double sc = get(m, limit_name("stream", c.bytes, t));
-      const double lim = std::max(mc, sc);
-      const double g1 = get(m, case_name(c, 1));
-      char scale[16] = "";
-      if (t > 1 && g1 > 0) std::snprintf(scale, sizeof scale, "%.2fx", g / g1);
-      std::printf("%-10s %-9s %-11s %3d %8.1f %8.1f %8.1f %5.0f%% %9s\n", c.op.c_str(),
-                  c.pass.c_str(), c.shape.c_str(), t, g, mc, sc, lim > 0 ? 100 * g / lim : 0.0,
-                  scale);
+      const double lim = limit(m, c.bytes, t);
+      const double g1 = get(m, case_name(c, 1)), l1 = limit(m, c.bytes, 1);
+      char op_scale[16] = "", copy_scale[16] = "";
+      if (t > 1 && g1 > 0) std::snprintf(op_scale, sizeof op_scale, "%.2fx", g / g1);
+      if (t > 1 && l1 > 0) std::snprintf(copy_scale, sizeof copy_scale, "%.2fx", lim / l1);
+      std::printf("%-10s %-9s %-11s %3d %7.1f %7.1f %7.1f %5.0f%% %7s %7s\n", c.op.c_str(),
+                  c.pass.c_str(), c.shape.c_str(), t, g, get(m, limit_name("memcpy", c.bytes, t)),
+                  get(m, limit_name("stream", c.bytes, t)), lim > 0 ? 100 * g / lim : 0.0,
+                  op_scale, copy_scale);
     }
   }
-  std::printf("(GB/s: median, bytes = minimum traffic; ratio = op / max(memcpy, stream) at the "
-              "same bytes and threads; 2T/1T = op at 2 threads over 1)\n");
+  std::printf("GB/s: median over repetitions, bytes = the op's minimum traffic. ratio = op / "
+              "max(memcpy, stream) over the same bytes at the same threads (the memory limit).\n"
+              "op2/1, copy2/1: 2 threads over 1 for the op and for the memory limit.\n");
 }
 
 }  // namespace
