@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace tpnorm_perf {
 
@@ -25,5 +26,15 @@ void add_op(const std::string& op, const std::string& pass, const std::string& s
 
 /// Registers from a namespace-scope initialiser: `static const bool r = tpnorm_perf::on_load(f);`
 inline bool on_load(void (*f)()) { f(); return true; }
+
+/// Cheap deterministic inputs of n elements each: x around 3.5 (mean != 0), dy around 0.
+inline void fill_inputs(int64_t n, std::vector<float>& x, std::vector<float>& dy) {
+  x.resize(n);
+  dy.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = 3.0f + static_cast<float>((i * 37) & 1023) * 1e-3f;
+    dy[i] = static_cast<float>((i * 11) & 511) * 1e-3f - 0.25f;
+  }
+}
 
 }  // namespace tpnorm_perf

@@ -16,12 +16,9 @@ struct Buffers {
   std::vector<float> x, dy, out, gamma, beta, dgamma, dbeta, mean, rstd;
   std::unique_ptr<tpnorm::Communicator> comm = tpnorm::make_single_communicator();
   Buffers(int64_t r, int64_t c)
-      : rows(r), h(c), x(r * c), dy(r * c), out(r * c), gamma(c, 1.25f), beta(c, 0.5f),
-        dgamma(c), dbeta(c), mean(r), rstd(r) {
-    for (int64_t i = 0; i < r * c; ++i) {  // cheap deterministic data, mean != 0
-      x[i] = 3.0f + static_cast<float>((i * 37) & 1023) * 1e-3f;
-      dy[i] = static_cast<float>((i * 11) & 511) * 1e-3f - 0.25f;
-    }
+      : rows(r), h(c), out(r * c), gamma(c, 1.25f), beta(c, 0.5f), dgamma(c), dbeta(c),
+        mean(r), rstd(r) {
+    tpnorm_perf::fill_inputs(r * c, x, dy);
   }
   Shape xs() const { return Shape{rows, h}; }
   tpnorm::NormOptions opt(int threads) const {

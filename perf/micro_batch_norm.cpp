@@ -1,0 +1,66 @@
+// micro_batch_norm.cpp — SyncBatchNorm (training, running statistics on), forward and backward,
+// at [32, 64, 56, 56] NCHW and channels-last, through the public ops on a single-process
+// communicator.
+#include <memory>
+#include <vector>
+
+#include "micro.h"
+#include "tpnorm/batch_norm.h"
+
+namespace {
+
+using tpnorm::Shape;
+using tpnorm::view;
+
+struct Buffers {
+  Shape xs;
+  std::vector<float> x, dy, out, gamma, beta, dgamma, dbeta, run_mean, run_var, mean, invstd;
+  std::unique_ptr<tpnorm::Communicator> comm = tpnorm::make_single_communicator();
+  tpnorm::BatchNormOptions opt;
+  Buffers(Shape s, int64_t c, tpnorm::Layout layout)
+      : xs(s), out(s.numel()), gamma(c, 1.25f), beta(c, 0.5f), dgamma(c), dbeta(c),
+        run_mean(c, 0.0f), run_var(c, 1.0f), mean(c, 3.5f), invstd(c, 3.4f) {
+    tpnorm_perf::fill_inputs(s.numel(), x, dy);
+    opt.layout = layout;
+  }
+};
+
+void add_batch_norm(tpnorm::Layout layout) {
+  constexpr int64_t n = 32, c = 64, hw = 56;
+  const bool nchw = layout == tpnorm::Layout::kNCHW;
+  const Shape xs = nchw ? Shape{n, c, hw, hw} : Shape{n, hw, hw, c};
+  const std::string shape = nchw ? "32x64x56x56" : "32x56x56x64";
+  const int64_t bytes = xs.numel() * static_cast<int64_t>(sizeof(float));
+  tpnorm_perf::add_op("SyncBN", "forward", shape, 2 * bytes, [=]() -> tpnorm_perf::Call {
+    auto b = std::make_shared<Buffers>(xs, c, layout);
+    return [b](int t) {
+      const Shape cs{static_cast<int64_t>(b->gamma.size())};
+      b->opt.num_threads = t;
+      tpnorm::sync_batch_norm_forward(
+          *b->comm, view(b->x.data(), b->xs), view(b->gamma.data(), cs), view(b->beta.data(), cs),
+          view(b->run_mean.data(), cs), view(b->run_var.data(), cs), nullptr,
+          view(b->out.data(), b->xs), view(b->mean.data(), cs), view(b->invstd.data(), cs),
+          b->opt);
+    };
+  });
+  tpnorm_perf::add_op("SyncBN", "backward", shape, 3 * bytes, [=]() -> tpnorm_perf::Call {
+    auto b = std::make_shared<Buffers>(xs, c, layout);
+    return [b](int t) {
+      const Shape cs{static_cast<int64_t>(b->gamma.size())};
+      b->opt.num_threads = t;
+      tpnorm::sync_batch_norm_backward(
+          *b->comm, view(b->dy.data(), b->xs), view(b->x.data(), b->xs),
+          view(b->gamma.data(), cs), view(b->mean.data(), cs), view(b->invstd.data(), cs),
+          view(b->out.data(), b->xs), view(b->dgamma.data(), cs), view(b->dbeta.data(), cs),
+          b->opt);
+    };
+  });
+}
+
+void register_all() {
+  add_batch_norm(tpnorm::Layout::kNCHW);
+  add_batch_norm(tpnorm::Layout::kChannelsLast);
+}
+const bool registered = tpnorm_perf::on_load(register_all);
+
+}  // namespace
