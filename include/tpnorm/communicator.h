@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "tpnorm/tensor.h"
 
@@ -56,14 +57,28 @@ class Communicator {
   void set_strict_calls(int64_t n) { strict_calls_ = n; }
   bool strict_now() const { return strict_calls_ < 0 || static_cast<int64_t>(sequence_) <= strict_calls_; }
 
+  /// Watchdog: a collective still unfinished after `seconds` (a rank died or stopped calling)
+  /// ends the WHOLE job (MPI_Abort / ncclCommAbort) with a message on stderr naming the op,
+  /// this rank and the call sequence number, instead of hanging forever. <= 0 disables it.
+  /// Default: the environment variable TPNORM_TIMEOUT (seconds), else 300.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+  /// The public call in progress (a string literal), named by the watchdog; set by the ops.
+  void set_current_op(const char* op) { current_op_ = op; }
+
  protected:
   virtual void do_all_reduce_sum(void* buf, size_t count, DType dtype) = 0;
+  /// The watchdog's one-line message for the collective now overdue.
+  std::string watchdog_message() const;
 
  private:
   CommCounters counters_;
   uint64_t sequence_ = 0;
   int64_t strict_calls_ = default_strict_calls();
+  double timeout_s_ = default_timeout();
+  const char* current_op_ = nullptr;
   static int64_t default_strict_calls();
+  static double default_timeout();
 };
 
 /// A communicator of one rank: all_reduce_sum is the identity (and still counted).

@@ -20,6 +20,20 @@ int64_t Communicator::default_strict_calls() {
   return v && *v ? std::strtoll(v, nullptr, 10) : 16;
 }
 
+double Communicator::default_timeout() {
+  const char* v = std::getenv("TPNORM_TIMEOUT");
+  return v && *v ? std::strtod(v, nullptr) : 300.0;
+}
+
+std::string Communicator::watchdog_message() const {
+  std::ostringstream s;
+  s << "tpnorm watchdog: rank " << rank() << " of " << size() << ": "
+    << (current_op_ ? current_op_ : "a collective") << " (call " << sequence_
+    << " on this communicator) did not finish within " << timeout_s_
+    << " s (TPNORM_TIMEOUT): a rank died or stopped calling; aborting the job";
+  return s.str();
+}
+
 namespace {
 
 class SingleCommunicator final : public Communicator {

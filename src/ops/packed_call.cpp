@@ -74,6 +74,7 @@ void set_phase_timer(PhaseTimes* t) { t_phase_timer = t; }
 PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement)
     : comm_(comm), op_(op), wire_(wire), check_(check_agreement), timer_(t_phase_timer) {
   if (timer_) mark_ = std::chrono::steady_clock::now();
+  comm_.set_current_op(op);  // so that the watchdog can name the call
   agree("sequence", static_cast<double>(comm.next_sequence()));
   if (comm_.strict_now()) check_ = true;
   header_values_ = check_ ? kHeaderFull : kHeaderBase;
