@@ -214,9 +214,21 @@ void PackedCall::diagnose() {
       if (field == fields_.size()) {
         s << "the statistics mode (wire dtype)";
       } else {
+        auto value = [&](int r) { return at(r)[kRowFields + field]; };
         s << "'" << fields_[field].name << "': values by rank [";
-        for (int r = 0; r < p; ++r) s << (r ? ", " : "") << fmt(at(r)[kRowFields + field]);
-        s << "]";
+        for (int r = 0; r < p; ++r) s << (r ? ", " : "") << fmt(value(r));
+        // Name the odd ranks out: those that differ from a strict majority, else from rank 0.
+        int ref = 0, best = 0;
+        for (int r = 0; r < p; ++r) {
+          int n = 0;
+          for (int q = 0; q < p; ++q) n += value(q) == value(r);
+          if (n > best) best = n, ref = r;
+        }
+        if (2 * best <= p) ref = 0;
+        s << "]; differing from " << (ref == 0 && 2 * best <= p ? "rank 0" : "the majority")
+          << ": rank";
+        for (int r = 0, k = 0; r < p; ++r)
+          if (value(r) != value(ref)) s << (k++ ? "," : " ") << r;
       }
     }
   }

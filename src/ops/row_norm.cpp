@@ -20,11 +20,13 @@ struct Geometry {
   int64_t rows = 0, h = 0;
 };
 Geometry geometry(const TensorView& x) {
-  Geometry g;
-  if (x.shape.ndim == 0 || x.numel() < 0) return g;
+  Geometry g;  // {0, 0} for a shape the validator rejects
+  int64_t n = 0, rows = 0;
+  if (x.shape.ndim == 0 || !detail::checked_product(x.shape, x.shape.ndim, &n) ||
+      !detail::checked_product(x.shape, x.shape.ndim - 1, &rows))
+    return g;
   g.h = x.shape[x.shape.ndim - 1];
-  g.rows = 1;
-  for (int i = 0; i + 1 < x.shape.ndim; ++i) g.rows *= x.shape[i];
+  g.rows = rows;
   return g;
 }
 

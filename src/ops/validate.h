@@ -12,6 +12,16 @@
 
 namespace tpnorm::detail {
 
+/// Product of dims [0, n) into *out; false on a negative dim or int64 overflow (which would be
+/// undefined behaviour in Shape::numel). Element counts are int64 throughout: > 2^31 is fine.
+inline bool checked_product(const Shape& s, int n, int64_t* out) {
+  int64_t p = 1;
+  for (int i = 0; i < n; ++i)
+    if (s.dims[i] < 0 || __builtin_mul_overflow(p, s.dims[i], &p)) return false;
+  *out = p;
+  return true;
+}
+
 class Validator {
  public:
   Validator(PackedCall& call, Device device) : call_(call), device_(device) {}
@@ -20,9 +30,10 @@ class Validator {
   bool usable(const char* name, const TensorView& v) {
     if (!v.present()) return fail(name, "is required but absent");
     if (v.device != device_) return fail(name, "lives on a device other than the communicator's");
-    if (v.numel() < 0) return fail(name, "has a negative dimension " + v.shape.str());
-    if (v.numel() > 0 && !v.data)
-      return fail(name, "is null but has " + std::to_string(v.numel()) + " elements");
+    int64_t n = 0;
+    if (!checked_product(v.shape, v.shape.ndim, &n))
+      return fail(name, "has a negative dimension or more than 2^63 elements: " + v.shape.str());
+    if (n > 0 && !v.data) return fail(name, "is null but has " + std::to_string(n) + " elements");
     return true;
   }
   bool dtype_in(const char* name, const TensorView& v, std::initializer_list<DType> ok) {

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "expect_error.h"
 #include "harness.h"
 #include "tpnorm/error.h"
 #include "tpnorm/mpi.h"
@@ -13,24 +14,6 @@ using namespace tpnorm;
 using namespace tpnorm_test;
 
 namespace {
-
-// Runs fn on every rank; returns the message of the tpnorm::Error it threw ("" if none) and
-// checks that every rank threw with the same code and message length.
-template <class Fn>
-std::string error_of(Fn&& fn, ErrorCode want) {
-  std::string msg;
-  int code = 0;
-  try {
-    fn();
-  } catch (const Error& e) {
-    msg = e.what();
-    code = static_cast<int>(e.code());
-  }
-  EXPECT_EQ(code, static_cast<int>(want)) << msg;
-  const int64_t len = static_cast<int64_t>(msg.size());
-  EXPECT_EQ(sum_over_ranks(len), len * world_size()) << "ranks report different errors: " << msg;
-  return msg;
-}
 
 struct Rows {
   int64_t R = 6, h = 4;
