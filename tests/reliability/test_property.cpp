@@ -1,0 +1,185 @@
+// Property test: 500 random cases of the row norms against the float64 reference, run at
+// world sizes 1-4 on sub-communicators of one 4-rank job. Each round splits the job's ranks
+// into random contiguous groups (4, 3+1, 2+2, 1+2+1, ...) and every group runs its own case at
+// the same time, so that no rank idles (idle ranks spinning in the next collective slow an
+// oversubscribed job several times over). Each case draws, from a seed every rank shares: op (LayerNorm / RMSNorm), rows,
+// hidden size, P, an uneven split (shards of 0 columns included), affine on/off, storage dtype,
+// saved-statistics dtype, statistics mode, agreement check on/off and strict/folded agreement.
+// Forward and backward are compared element by element with the per-dtype tolerances of
+// tests/mpi/test_row_norm_equiv.cpp; a failing case is printed with its seed for replay.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "harness.h"
+#include "reference.h"
+#include "storage.h"
+#include "tpnorm/mpi.h"
+#include "tpnorm/norm.h"
+
+using namespace tpnorm;
+using namespace tpnorm_test;
+
+namespace {
+
+constexpr int kCases = 500;
+constexpr uint64_t kSeed = 20261129;
+
+struct Case {
+  bool centered, affine, check;
+  int P;
+  int64_t rows, hidden;
+  std::vector<int> weights;
+  DType dt, saved;
+  Stats stats;
+  int64_t strict;
+  std::string str() const {
+    std::string w;
+    for (int v : weights) w += std::to_string(v);
+    char b[200];
+    std::snprintf(b, sizeof b, "%s P=%d rows=%lld hidden=%lld split=%s affine=%d %s saved=%s %s "
+                  "check=%d strict=%lld", centered ? "LayerNorm" : "RMSNorm", P,
+                  static_cast<long long>(rows), static_cast<long long>(hidden), w.c_str(), affine,
+                  dtype_name(dt), dtype_name(saved), stats == Stats::kRobust ? "robust" : "naive",
+                  check, static_cast<long long>(strict));
+    return b;
+  }
+};
+
+int pick(std::mt19937_64& g, int n) { return static_cast<int>(g() % static_cast<uint64_t>(n)); }
+
+Case draw(std::mt19937_64& g, int P) {
+  auto pick = [&](int n) { return ::pick(g, n); };
+  Case c;
+  c.centered = pick(2);
+  c.affine = pick(2);
+  c.check = pick(4) != 0;
+  c.P = P;
+  c.rows = 1 + pick(9);
+  c.hidden = 1 + pick(48);
+  for (int p = 0; p < c.P; ++p) c.weights.push_back(pick(4));  // 0: this rank has no column
+  if (*std::max_element(c.weights.begin(), c.weights.end()) == 0) c.weights[0] = 1;
+  const DType dts[] = {DType::F32, DType::F16, DType::BF16};
+  c.dt = dts[pick(3)];
+  c.saved = pick(2) ? DType::F64 : DType::F32;
+  c.stats = pick(3) ? Stats::kRobust : Stats::kNaive;
+  c.strict = pick(2) ? -1 : 0;
+  return c;
+}
+
+// Runs one case on this rank (a member of comm) and returns its count of wrong elements.
+int64_t run_case(Communicator& comm, const Case& c, uint64_t seed) {
+  const int me = comm.rank();
+  const Split sp = split_weighted(c.hidden, c.weights);
+  const int64_t R = c.rows, H = c.hidden, c0 = sp.offset[me], h = sp.count[me];
+  auto round = [&](std::vector<float> v) { return Buffer(c.dt, v).floats(); };
+  const auto x = round(normal(seed, 0, R * H, 0.5, 1.5)), dy = round(normal(seed, 1, R * H));
+  const auto gamma = c.affine ? round(normal(seed, 2, H, 1.0, 0.5)) : std::vector<float>{};
+  const auto beta = c.affine && c.centered ? round(normal(seed, 3, H)) : std::vector<float>{};
+  const RowRef ref = row_norm_reference(c.centered, x, R, H, gamma, beta, 1e-5, dy);
+
+  auto shard = [&](const std::vector<float>& v, int64_t rows) {
+    return Buffer(c.dt, v.empty() ? v : columns(v, rows, H, c0, h));
+  };
+  Buffer xs = shard(x, R), dys = shard(dy, R), gs = shard(gamma, 1), bs = shard(beta, 1);
+  Buffer y(c.dt, R * h), dx(c.dt, R * h), dg(c.dt, h), db(c.dt, h), mean(c.saved, R),
+      rstd(c.saved, R);
+  const Shape s{R, h}, p{h}, r{R};
+  const TensorView gv = c.affine ? gs.view(p) : TensorView{};
+  NormOptions o;
+  o.stats = c.stats;
+  o.check_agreement = c.check;
+  comm.set_strict_calls(c.strict);
+  if (c.centered) {
+    const TensorView bv = c.affine ? bs.view(p) : TensorView{};
+    layer_norm_forward(comm, xs.view(s), gv, bv, y.view(s), mean.view(r), rstd.view(r), o);
+    layer_norm_backward(comm, dys.view(s), xs.view(s), gv, mean.view(r), rstd.view(r), dx.view(s),
+                        dg.view(p), db.view(p), o);
+  } else {
+    rms_norm_forward(comm, xs.view(s), gv, y.view(s), rstd.view(r), o);
+    rms_norm_backward(comm, dys.view(s), xs.view(s), gv, rstd.view(r), dx.view(s), dg.view(p), o);
+  }
+
+  auto cols = [&](const std::vector<double>& m, int64_t rows) {
+    std::vector<double> out(static_cast<size_t>(rows * h));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < h; ++j) out[i * h + j] = m[i * H + c0 + j];
+    return out;
+  };
+  const double rt = storage_rtol(c.dt);
+  // Statistics: float64 moments are good to 1e-6. The naive mode's float32 E[x^2] - E[x]^2
+  // errs by a few float32 roundings of E[x^2], relative to var + eps (the documented
+  // cancellation: large when a row's variance is tiny, e.g. hidden = 1).
+  double st = 1e-6;
+  if (c.stats == Stats::kNaive)
+    for (int64_t i = 0; i < R; ++i) {
+      double ex2 = 0;
+      for (int64_t j = 0; j < H; ++j) ex2 += double(x[i * H + j]) * x[i * H + j] / double(H);
+      const double var = 1 / (ref.rstd[i] * ref.rstd[i]);  // var + eps
+      st = std::max(st, 8 * 0x1p-24 * ex2 / var);
+    }
+  const double rs_max = *std::max_element(ref.rstd.begin(), ref.rstd.end());
+  int64_t wrong = count_wrong("y", y.floats(), cols(ref.y, R), rt + st, rt + st) +
+                  count_wrong("rstd", rstd.floats(), ref.rstd, 0, st) +
+                  count_wrong("dx", dx.floats(), cols(ref.dx, R), rt * std::max(1.0, rs_max),
+                              10 * rt + st) +
+                  count_wrong("dgamma", dg.floats(), cols(ref.dgamma, 1), rt * R, rt);
+  if (c.centered)
+    wrong += count_wrong("mean", mean.floats(), ref.mean, st, st) +
+             count_wrong("dbeta", db.floats(), cols(ref.dbeta, 1), rt * R, rt);
+  return wrong;
+}
+
+// This rank's communicator for a split of the world into contiguous groups of sizes `sizes`;
+// made (collectively, on every rank) the first time a split is drawn.
+Communicator& group_comm(const std::vector<int>& sizes) {
+  static std::map<std::vector<int>, std::unique_ptr<Communicator>> cache;
+  auto& c = cache[sizes];
+  if (!c) {
+    int group = 0;
+    for (int end = sizes[0]; world_rank() >= end; end += sizes[++group]) {}
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, group, world_rank(), &sub);
+    c = make_mpi_communicator(sub);
+    MPI_Comm_free(&sub);  // the communicator keeps its own duplicate
+  }
+  return *c;
+}
+
+TEST(Property, RandomCasesMatchTheFloat64Reference) {
+  const int W = world_size(), me = world_rank();
+  std::mt19937_64 g(kSeed);  // the same draws on every rank
+  int64_t bad_cases = 0, ran = 0;
+  std::vector<int> by_size(W + 1, 0);
+  for (int i = 0; i < kCases;) {
+    std::vector<int> sizes;
+    for (int left = W; left > 0; left -= sizes.back()) sizes.push_back(1 + pick(g, left));
+    Communicator& comm = group_comm(sizes);
+    for (size_t k = 0, first = 0; k < sizes.size(); first += sizes[k++], ++i) {
+      const Case c = draw(g, sizes[k]);
+      by_size[c.P] += 1;
+      const uint64_t seed = kSeed + static_cast<uint64_t>(i);
+      if (me < static_cast<int>(first) || me >= static_cast<int>(first) + c.P) continue;
+      ++ran;
+      const int64_t wrong = run_case(comm, c, seed);
+      if (wrong) {
+        ++bad_cases;
+        std::fprintf(stderr, "[rank %d] case %d (seed %llu): %s: %lld wrong elements\n", me, i,
+                     static_cast<unsigned long long>(seed), c.str().c_str(),
+                     static_cast<long long>(wrong));
+      }
+    }
+  }
+  EXPECT_EQ(sum_over_ranks(bad_cases), 0);
+  if (me == 0) {
+    std::printf("property: random cases by world size:");
+    for (int P = 1; P <= W; ++P) std::printf(" P=%d: %d", P, by_size[P]);
+    std::printf("; rank 0 ran %lld\n", static_cast<long long>(ran));
+  }
+}
+
+}  // namespace
