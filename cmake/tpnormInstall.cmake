@@ -29,3 +29,6 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/tpnormConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/tpnormConfig.cmake
               ${PROJECT_BINARY_DIR}/tpnormConfigVersion.cmake
         DESTINATION ${TPNORM_INSTALL_CMAKEDIR})
+if(TPNORM_WITH_NCCL)
+  install(FILES ${CMAKE_CURRENT_LIST_DIR}/FindNCCL.cmake DESTINATION ${TPNORM_INSTALL_CMAKEDIR})
+endif()

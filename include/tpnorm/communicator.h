@@ -82,7 +82,9 @@ class Communicator {
 };
 
 /// A communicator of one rank: all_reduce_sum is the identity (and still counted).
-/// [in] device: where its buffers live (CPU by default; CUDA for single-GPU device ops).
+/// [in] device: where its buffers live. Device ops need a stream and a workspace: for one
+/// GPU use make_cuda_single_communicator (tpnorm/cuda.h); a CUDA-device communicator from here
+/// makes every op fail with a message that says so.
 std::unique_ptr<Communicator> make_single_communicator(Device device = Device::cpu());
 
 }  // namespace tpnorm

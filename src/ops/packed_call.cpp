@@ -78,6 +78,12 @@ PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool chec
   agree("sequence", static_cast<double>(comm.next_sequence()));
   if (comm_.strict_now()) check_ = true;
   header_values_ = check_ ? kHeaderFull : kHeaderBase;
+  if (comm.device().kind == DeviceKind::CUDA) {
+    dev_ = dynamic_cast<DeviceCommunicator*>(&comm);
+    if (!dev_)
+      fail("the communicator's device is CUDA but it has no stream or workspace (make it with "
+           "tpnorm/cuda.h), or this build has no CUDA backend");
+  }
 }
 
 PackedCall::~PackedCall() {
@@ -108,16 +114,22 @@ void PackedCall::throw_if_failed_locally(int rank) const {
                            ": " + message_);
 }
 
-void PackedCall::prepare(size_t payload_values, double local_count) {
+void PackedCall::prepare(size_t payload_values, double local_count, size_t scratch_bytes) {
   payload_values_ = payload_values;
   local_count_ = local_count;
   const size_t bytes = (header_values_ + payload_values) * dtype_size(wire_);
-  bytes_.assign((bytes + 7) / 8, 0.0);
+  if (!dev_) {
+    bytes_.assign((bytes + 7) / 8, 0.0);
+    return;
+  }
+  const size_t at = (bytes + 255) / 256 * 256;
+  dev_base_ = dev_->workspace(at + scratch_bytes);
+  scratch_ = static_cast<char*>(dev_base_) + at;
 }
 
-void PackedCall::write_header(void* base) const {
-  store(base, wire_, 0, failed_ ? 1.0 : 0.0);
-  store(base, wire_, 1, failed_ ? 0.0 : local_count_);
+void PackedCall::write_header(void* base, DType as) const {
+  store(base, as, 0, failed_ ? 1.0 : 0.0);
+  store(base, as, 1, failed_ ? 0.0 : local_count_);
   if (!check_) return;
   uint64_t h = fnv1a(0xcbf29ce484222325ULL, op_, std::strlen(op_));
   const double wire_id = static_cast<double>(wire_);
@@ -129,45 +141,72 @@ void PackedCall::write_header(void* base) const {
   const int b = chunk_bits(wire_, comm_.size());
   for (int i = 0; i < kChunks; ++i) {
     const double c = static_cast<double>((h >> (16 * i)) & ((1ULL << b) - 1));
-    store(base, wire_, kHeaderBase + 2 * i, c);
-    store(base, wire_, kHeaderBase + 2 * i + 1, c * c);
+    store(base, as, kHeaderBase + 2 * i, c);
+    store(base, as, kHeaderBase + 2 * i + 1, c * c);
   }
 }
 
-void PackedCall::check_header(const void* base) {
-  bool bad = load(base, wire_, 0) != 0.0;
+void PackedCall::check_header(const void* base, DType as) {
+  bool bad = load(base, as, 0) != 0.0;
   if (check_) {
     const double p = comm_.size();
     for (int i = 0; i < kChunks; ++i) {
-      const double s1 = load(base, wire_, kHeaderBase + 2 * i);
-      const double s2 = load(base, wire_, kHeaderBase + 2 * i + 1);
+      const double s1 = load(base, as, kHeaderBase + 2 * i);
+      const double s2 = load(base, as, kHeaderBase + 2 * i + 1);
       if (p * s2 != s1 * s1) bad = true;
     }
   }
   if (bad) diagnose();
-  global_count_ = load(base, wire_, 1);
+  global_count_ = load(base, as, 1);
 }
 
 void PackedCall::reduce() {
   if (timer_) timer_->partial += lap();
+  if (dev_) return reduce_device();  // device calls are not timed beyond the enqueue
   if (bytes_.empty()) prepare(0, 0);
   void* base = bytes_.data();
-  write_header(base);
+  write_header(base, wire_);
   char* pay = static_cast<char*>(base) + header_values_ * dtype_size(wire_);
   if (failed_) std::memset(pay, 0, payload_values_ * dtype_size(wire_));  // nothing half-made
   if (comm_.strict_now()) {
     comm_.all_reduce_sum(base, header_values_, wire_);
-    check_header(base);
+    check_header(base, wire_);
     comm_.all_reduce_sum(pay, payload_values_, wire_);
   } else {
     comm_.all_reduce_sum(base, header_values_ + payload_values_, wire_);
-    check_header(base);
+    check_header(base, wire_);
   }
   if (timer_) {
     timer_->reduce += lap();
     ++timer_->calls;
     reduced_ = true;
   }
+}
+
+// One collective on device; the host only reads the header in strict calls, via the control
+// all-reduce, before anything is enqueued. A rank that failed locally joins with its error
+// flag and a zero payload, then throws its own message; the other ranks' apply kernels see the
+// flag on device (see tpnorm/cuda.h).
+void PackedCall::reduce_device() {
+  if (!dev_base_) prepare(0, 0);
+  std::vector<double> head(header_values_);
+  write_header(head.data(), DType::F64);
+  if (comm_.strict_now()) {
+    std::vector<double> sum = head;
+    control_sum(sum.data(), sum.size());
+    check_header(sum.data(), DType::F64);  // throws on every rank together
+  }
+  dev_->enqueue_header(dev_base_, wire_, head.data(), header_values_,
+                       failed_ ? payload_values_ : 0);
+  comm_.all_reduce_sum(dev_base_, header_values_ + payload_values_, wire_);
+  throw_if_failed_locally(comm_.rank());
+}
+
+void PackedCall::control_sum(double* buf, size_t n) {
+  if (dev_)
+    dev_->control_all_reduce_sum(buf, n);
+  else
+    comm_.all_reduce_sum(buf, n, DType::F64);
 }
 
 void PackedCall::diagnose() {
@@ -180,7 +219,7 @@ void PackedCall::diagnose() {
   for (size_t i = 0; i < fields_.size(); ++i) row[kRowFields + i] = fields_[i].value;
   put_text(row + kRowOp, kOpChars, op_);
   put_text(row + kRowMsg, kMsgChars, message_);
-  comm_.all_reduce_sum(table.data(), table.size(), DType::F64);
+  control_sum(table.data(), table.size());
 
   auto at = [&](int r) { return table.data() + static_cast<size_t>(r) * kRow; };
   std::ostringstream s;

@@ -13,6 +13,12 @@
 // fingerprint fields and error text) and throws the same tpnorm::Error. In strict mode
 // (Communicator::strict_now) the header travels in its own small collective before the payload,
 // so ranks that disagree on sizes never enter payload collectives of different lengths.
+//
+// Device communicators (src/comm/device_comm.h): the buffer is the communicator's device
+// workspace and the host never reads it back. Strict calls check the header on the host
+// through the communicator's control all-reduce before any device work; every call then
+// writes the header into the device buffer and makes ONE device collective of header +
+// payload, whose header the op's apply kernels check on device (see tpnorm/cuda.h).
 #pragma once
 
 #include <chrono>
@@ -20,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/device_comm.h"
 #include "tpnorm/communicator.h"
 #include "ops/phase_timer.h"
 #include "tpnorm/error.h"
@@ -49,11 +56,20 @@ class PackedCall {
   void throw_if_failed_locally(int rank) const;
 
   /// Sizes the zeroed payload (values of the wire type) and sets this rank's element count.
-  void prepare(size_t payload_values, double local_count);
+  /// On a device communicator the payload is NOT zeroed (the partial kernel writes all of it)
+  /// and `scratch_bytes` of device scratch follow it (see scratch()).
+  void prepare(size_t payload_values, double local_count, size_t scratch_bytes = 0);
   template <class W>
   W* payload() {
-    return reinterpret_cast<W*>(bytes_.data()) + header_values_;
+    return reinterpret_cast<W*>(base()) + header_values_;
   }
+  /// The start of header + payload (host, or device memory for a device communicator).
+  void* base() { return dev_ ? dev_base_ : static_cast<void*>(bytes_.data()); }
+  size_t header_values() const { return header_values_; }
+  /// The device communicator of this call, or nullptr for host communicators.
+  DeviceCommunicator* device_comm() const { return dev_; }
+  /// Device scratch of prepare()'s scratch_bytes, 256-byte aligned (device calls only).
+  void* scratch() const { return scratch_; }
   DType wire() const { return wire_; }
   size_t payload_values() const { return payload_values_; }
 
@@ -68,9 +84,11 @@ class PackedCall {
     const char* name;
     double value;
   };
-  void write_header(void* base) const;
-  void check_header(const void* base);
+  void write_header(void* base, DType as) const;
+  void check_header(const void* base, DType as);
   [[noreturn]] void diagnose();
+  void reduce_device();
+  void control_sum(double* buf, size_t n);
 
   Communicator& comm_;
   const char* op_;
@@ -89,6 +107,9 @@ class PackedCall {
   bool reduced_ = false;
   std::chrono::steady_clock::time_point mark_;
   double lap();  // seconds since mark_, and moves mark_ to now
+  DeviceCommunicator* dev_ = nullptr;
+  void* dev_base_ = nullptr;
+  void* scratch_ = nullptr;
 };
 
 }  // namespace tpnorm::detail

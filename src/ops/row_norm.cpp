@@ -10,6 +10,9 @@
 #include "ops/packed_call.h"
 #include "ops/validate.h"
 #include "tpnorm/norm.h"
+#ifdef TPNORM_WITH_CUDA
+#include "ops/cuda/row_norm_cuda.h"
+#endif
 
 namespace tpnorm {
 namespace {
@@ -71,6 +74,11 @@ void forward(const char* op, bool centered, Communicator& comm, const TensorView
   call.agree("eps", opt.eps);
   call.agree("gamma", gamma.present() ? 1 : 0);
   call.agree("beta", beta.present() ? 1 : 0);
+#ifdef TPNORM_WITH_CUDA
+  if (call.device_comm())
+    return detail::row_forward_cuda(call, centered, g.rows, g.h, x, gamma, beta, y, mean, rstd,
+                                    opt);
+#endif
 
   const int per_row = centered ? 2 : 1;
   // Same payload length on every rank that agrees on rows, failed or not.
@@ -122,6 +130,11 @@ void backward(const char* op, bool centered, Communicator& comm, const TensorVie
       v.optional("dgamma", dgamma, g.h, x.dtype) && v.optional("dbeta", dbeta, g.h, x.dtype);
   agree_common(call, x, g, opt, centered);
   call.agree("gamma", gamma.present() ? 1 : 0);
+#ifdef TPNORM_WITH_CUDA
+  if (call.device_comm())
+    return detail::row_backward_cuda(call, centered, g.rows, g.h, dy, x, gamma, mean, rstd, dx,
+                                     dgamma, dbeta);
+#endif
 
   const int per_row = centered ? 2 : 1;
   // Same payload length on every rank that agrees on rows, failed or not.

@@ -1,0 +1,48 @@
+# cuda.cmake — the optional CUDA backend of the tpnorm target.
+#
+# On when TPNORM_CUDA is ON (default) and a CUDA compiler is found (check_language); then
+# src/kernels/cuda/*.cu, src/comm/cuda/*.cpp and src/ops/cuda/*.cpp join the library, which
+# links CUDA::cudart and, when found, NCCL::NCCL (NCCL_ROOT, else next to the toolkit).
+# Architectures default to Hopper: "90" is sm_90 machine code plus compute_90 PTX, which the
+# driver JIT-compiles for newer GPUs. One architecture keeps CI's compile time to minutes.
+set(TPNORM_WITH_CUDA OFF)
+set(TPNORM_WITH_NCCL OFF)
+if(NOT TPNORM_CUDA)
+  message(STATUS "tpnorm: CUDA backend off (TPNORM_CUDA=OFF)")
+  return()
+endif()
+include(CheckLanguage)
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER)
+  message(STATUS "tpnorm: no CUDA compiler found; building the CPU backend only")
+  return()
+endif()
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 90)
+endif()
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+list(APPEND CMAKE_MODULE_PATH ${PROJECT_SOURCE_DIR}/cmake)
+find_package(NCCL)
+
+file(GLOB TPNORM_CUDA_SOURCES CONFIGURE_DEPENDS
+  src/kernels/cuda/*.cu src/comm/cuda/*.cpp src/ops/cuda/*.cpp)
+target_sources(tpnorm PRIVATE ${TPNORM_CUDA_SOURCES})
+# The target was made before CUDA was enabled: give it the CUDA settings explicitly.
+set_target_properties(tpnorm PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+                      CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+target_link_libraries(tpnorm PUBLIC CUDA::cudart)
+target_compile_definitions(tpnorm PUBLIC TPNORM_WITH_CUDA=1)
+if(NCCL_FOUND)
+  target_link_libraries(tpnorm PUBLIC NCCL::NCCL)
+  target_compile_definitions(tpnorm PUBLIC TPNORM_WITH_NCCL=1)
+  set(TPNORM_WITH_NCCL ON)
+else()
+  message(STATUS "tpnorm: NCCL not found (set NCCL_ROOT); device ops use the MPI-staged "
+                 "communicator only")
+endif()
+set(TPNORM_WITH_CUDA ON)
+message(STATUS "tpnorm: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+               "architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${NCCL_VERSION})")

@@ -1,0 +1,36 @@
+// device_comm.h — what the ops need from a device-memory communicator beyond all_reduce_sum,
+// without CUDA types (packed_call.cpp includes it in CPU-only builds too; then nothing derives
+// from it). Implemented in src/comm/cuda/.
+//
+// Invariants: all device work of a call is ordered on stream(); workspace() memory is owned by
+// the communicator and reused by the next call (calls on one communicator are stream-ordered,
+// so reuse is safe without synchronisation).
+#pragma once
+
+#include <cstddef>
+
+#include "tpnorm/communicator.h"
+
+namespace tpnorm::detail {
+
+class DeviceCommunicator : public Communicator {
+ public:
+  /// Device memory of at least `bytes`, 256-byte aligned. Grows (synchronising the stream
+  /// and reallocating) only when a call needs more than any earlier one; throws
+  /// tpnorm::Error if that happens while the stream is being captured.
+  virtual void* workspace(size_t bytes) = 0;
+  /// The device word the apply kernels set when a call's header says a rank failed or the
+  /// ranks disagree (an int, 0 = fine).
+  virtual int* error_word() = 0;
+  /// Host-side sum of `n` doubles over the ranks, for the strict pre-check and for the
+  /// diagnosis of a failed call; never used by the steady-state device path.
+  virtual void control_all_reduce_sum(double* buf, size_t n) = 0;
+  /// Enqueues on stream() the write of `nh` header values (given as doubles) in the wire type
+  /// at `base`, followed by `zero_values` zeros (the payload of a rank that failed locally).
+  virtual void enqueue_header(void* base, DType wire, const double* header, size_t nh,
+                              size_t zero_values) = 0;
+  /// The CUDA device ordinal of this communicator's buffers and stream.
+  virtual int device_index() const = 0;
+};
+
+}  // namespace tpnorm::detail

@@ -1,0 +1,120 @@
+// device_common.cuh — what the CUDA kernels share: storage-type mapping and conversion to the
+// float32 they compute in, 16-byte packs, group sums, and the check of a call's summed header.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/half.h"
+#include "kernels/cuda/row_norm.h"
+
+namespace tpnorm::kernels::cuda {
+
+// Host storage types (common/half.h) are layout-compatible with the CUDA ones.
+template <class T>
+struct Dev {
+  using type = T;
+};
+template <>
+struct Dev<f16> {
+  using type = __half;
+};
+template <>
+struct Dev<bf16> {
+  using type = __nv_bfloat16;
+};
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// V elements loaded or stored as one access (16 bytes when V = 16 / sizeof(T)).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <class T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p, int64_t i) {
+  return reinterpret_cast<const Pack<T, V>*>(p)[i];
+}
+template <class T, int V>
+__device__ __forceinline__ void store_pack(T* p, int64_t i, const Pack<T, V>& v) {
+  reinterpret_cast<Pack<T, V>*>(p)[i] = v;
+}
+
+// Saved statistics and wire values are float or double, chosen at run time.
+__device__ __forceinline__ double load_fd(const void* p, int64_t i, bool is64) {
+  return is64 ? static_cast<const double*>(p)[i]
+              : static_cast<double>(static_cast<const float*>(p)[i]);
+}
+__device__ __forceinline__ void store_fd(void* p, int64_t i, bool is64, double v) {
+  if (is64)
+    static_cast<double*>(p)[i] = v;
+  else
+    static_cast<float*>(p)[i] = static_cast<float>(v);
+}
+
+// Sum of K values over the `tpr` threads of a row: a warp (tpr == 32, no shared memory, no
+// block barrier) or the whole block (tpr == blockDim.x: every thread must call). The block
+// case adds the warps' sums in a fixed order, so every thread gets the same bits.
+template <int K>
+__device__ __forceinline__ void group_sum(float (&v)[K], int tpr) {
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+  if (tpr <= 32) return;
+  __shared__ float sm[32][K];
+  const int w = threadIdx.x / 32, nw = blockDim.x / 32;
+  __syncthreads();
+  if (threadIdx.x % 32 == 0)
+#pragma unroll
+    for (int k = 0; k < K; ++k) sm[w][k] = v[k];
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float s = 0;
+    for (int i = 0; i < nw; ++i) s += sm[i][k];
+    v[k] = s;
+  }
+}
+
+// The summed header of the call (see ops/packed_call.h): true when no rank failed and every
+// fingerprint chunk agrees; *n = the global element count per statistic set.
+__device__ __forceinline__ bool header_ok(const Header& hd, double* n) {
+  bool bad = load_fd(hd.base, 0, hd.w64) != 0.0;
+  for (int i = 2; i + 1 < hd.values; i += 2) {
+    const double s1 = load_fd(hd.base, i, hd.w64), s2 = load_fd(hd.base, i + 1, hd.w64);
+    if (static_cast<double>(hd.ranks) * s2 != s1 * s1) bad = true;
+  }
+  *n = load_fd(hd.base, 1, hd.w64);
+  if (!hd.w64 && *n >= 16777216.0) bad = true;  // float counts stop being exact at 2^24
+  return !bad;
+}
+
+// Marks the call failed (any thread may call; one write wins, the value is the same).
+__device__ __forceinline__ void mark_failed(int* err) {
+  if (threadIdx.x == 0) atomicExch(err, 1);
+}
+
+// The exact split of a saved mean into float head + tail (as kernels/cpu/row_norm.cpp).
+__device__ __forceinline__ void split_mean(double m, float& head, float& tail) {
+  head = static_cast<float>(m);
+  tail = static_cast<float>(m - static_cast<double>(head));
+}
+
+}  // namespace tpnorm::kernels::cuda

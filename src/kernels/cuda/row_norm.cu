@@ -1,0 +1,424 @@
+// row_norm.cu — CUDA kernels for LayerNorm / RMSNorm rows; see row_norm.h.
+//
+// Kernels: partial_fwd / apply_fwd / partial_bwd / apply_bwd work row-wise (a warp or a block
+// per row, `tpr` threads); dgamma_part / dgamma_final are the two-stage column reduction of
+// dgamma and dbeta (32-column tiles x row chunks into scratch, then a fixed-order sum over the
+// chunks). Template parameters are only the storage type and the pack width (1 or 16 bytes),
+// so each entry point has six instantiations; everything else is a run-time argument.
+#include "common/half.h"
+#include "comm/cuda/cuda_check.h"
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/row_norm.h"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace tpnorm::kernels::cuda {
+namespace {
+
+struct Geo {
+  int64_t rows = 0, h = 0;
+  int tpr = 32;  // threads per row: 32 (a warp) or blockDim.x (the block)
+};
+
+__device__ __forceinline__ int64_t row_of(const Geo& g) {
+  return static_cast<int64_t>(blockIdx.x) * (blockDim.x / g.tpr) + threadIdx.x / g.tpr;
+}
+
+// ---- kernels ----------------------------------------------------------------------------
+
+template <class T, int V>
+__global__ void __launch_bounds__(256)
+    partial_fwd(Geo g, const T* __restrict__ x, bool pivoted, bool centered, bool w64, void* out) {
+  const int64_t r = row_of(g);
+  if (r >= g.rows) return;  // warp-uniform: a block per row never takes this branch
+  const int lane = threadIdx.x % g.tpr;
+  const T* xr = x + r * g.h;
+  // Around a pivot from the row itself, so 1e4 + N(0,1) keeps its variance (as on CPU).
+  const float pivot = pivoted && g.h > 0 ? to_f(xr[0]) : 0.0f;
+  float v[2] = {0.0f, 0.0f};
+  for (int64_t i = lane; i < g.h / V; i += g.tpr) {
+    const Pack<T, V> p = load_pack<T, V>(xr, i);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float d = to_f(p.v[k]) - pivot;
+      v[0] += d;
+      v[1] += d * d;
+    }
+  }
+  group_sum<2>(v, g.tpr);
+  if (lane != 0) return;
+  const double p = pivot, n = static_cast<double>(g.h);
+  const double s1 = p * n + v[0], s2 = v[1] + 2.0 * p * v[0] + p * p * n;
+  if (centered) {
+    store_fd(out, 2 * r, w64, s1);
+    store_fd(out, 2 * r + 1, w64, s2);
+  } else {
+    store_fd(out, r, w64, s2);
+  }
+}
+
+// Row statistics from the summed payload, in the wire type's precision (as on CPU).
+template <class W>
+__device__ __forceinline__ void row_moments(const void* pay, int64_t r, bool centered, double n,
+                                            double& mu, double& var) {
+  const W* s = static_cast<const W*>(pay);
+  W m = 0, v = 0;
+  if (n > 0) {
+    if (centered) {
+      m = s[2 * r] / static_cast<W>(n);
+      v = s[2 * r + 1] / static_cast<W>(n) - m * m;
+      v = v > W(0) ? v : W(0);
+    } else {
+      v = s[r] / static_cast<W>(n);
+    }
+  }
+  mu = m;
+  var = v;
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(256)
+    apply_fwd(Geo g, const T* __restrict__ x, const T* __restrict__ gamma,
+              const T* __restrict__ beta, Header hd, double eps, bool centered, bool s64,
+              T* __restrict__ y, void* mean, void* rstd, int* err) {
+  double n;
+  if (!header_ok(hd, &n)) return mark_failed(err);
+  const int64_t r = row_of(g);
+  if (r >= g.rows) return;
+  const int lane = threadIdx.x % g.tpr;
+  const size_t wsz = hd.w64 ? 8 : 4;
+  const void* pay = static_cast<const char*>(hd.base) + hd.values * wsz;
+  double mu, var, rs_w;
+  if (hd.w64) {
+    row_moments<double>(pay, r, centered, n, mu, var);
+    rs_w = 1.0 / sqrt(var + eps);
+  } else {
+    row_moments<float>(pay, r, centered, n, mu, var);
+    rs_w = 1.0f / sqrtf(static_cast<float>(var) + static_cast<float>(eps));
+  }
+  if (lane == 0) {
+    if (mean) store_fd(mean, r, s64, mu);
+    if (rstd) store_fd(rstd, r, s64, rs_w);
+  }
+  // The mean in the wire type's precision, split into float head + tail (as on CPU).
+  float mh, mt;
+  split_mean(mu, mh, mt);
+  const float rs = static_cast<float>(rs_w);
+  const T* xr = x + r * g.h;
+  T* yr = y + r * g.h;
+  for (int64_t i = lane; i < g.h / V; i += g.tpr) {
+    const Pack<T, V> xp = load_pack<T, V>(xr, i);
+    Pack<T, V> gp, bp, yp;
+    if (gamma) gp = load_pack<T, V>(gamma, i);
+    if (beta) bp = load_pack<T, V>(beta, i);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float xhat = ((to_f(xp.v[k]) - mh) - mt) * rs;
+      const float gv = gamma ? to_f(gp.v[k]) : 1.0f;
+      const float bv = beta ? to_f(bp.v[k]) : 0.0f;
+      yp.v[k] = from_f<T>(xhat * gv + bv);
+    }
+    store_pack<T, V>(yr, i, yp);
+  }
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(256)
+    partial_bwd(Geo g, const T* __restrict__ dy, const T* __restrict__ x,
+                const T* __restrict__ gamma, const void* mean, const void* rstd, bool s64,
+                bool centered, bool w64, void* out) {
+  const int64_t r = row_of(g);
+  if (r >= g.rows) return;
+  const int lane = threadIdx.x % g.tpr;
+  float mh = 0.0f, mt = 0.0f;
+  if (centered) split_mean(load_fd(mean, r, s64), mh, mt);
+  const float rs = static_cast<float>(load_fd(rstd, r, s64));
+  const T* xr = x + r * g.h;
+  const T* dyr = dy + r * g.h;
+  float v[2] = {0.0f, 0.0f};
+  for (int64_t i = lane; i < g.h / V; i += g.tpr) {
+    const Pack<T, V> xp = load_pack<T, V>(xr, i), dp = load_pack<T, V>(dyr, i);
+    Pack<T, V> gp;
+    if (gamma) gp = load_pack<T, V>(gamma, i);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float xhat = ((to_f(xp.v[k]) - mh) - mt) * rs;
+      const float gv = to_f(dp.v[k]) * (gamma ? to_f(gp.v[k]) : 1.0f);
+      v[0] += gv;
+      v[1] += gv * xhat;
+    }
+  }
+  group_sum<2>(v, g.tpr);
+  if (lane != 0) return;
+  if (centered) {
+    store_fd(out, 2 * r, w64, v[0]);
+    store_fd(out, 2 * r + 1, w64, v[1]);
+  } else {
+    store_fd(out, r, w64, v[1]);
+  }
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(256)
+    apply_bwd(Geo g, const T* __restrict__ dy, const T* __restrict__ x,
+              const T* __restrict__ gamma, const void* mean, const void* rstd, bool s64,
+              Header hd, bool centered, T* __restrict__ dx, int* err) {
+  double n;
+  if (!header_ok(hd, &n)) return mark_failed(err);
+  const int64_t r = row_of(g);
+  if (r >= g.rows) return;
+  const int lane = threadIdx.x % g.tpr;
+  const size_t wsz = hd.w64 ? 8 : 4;
+  const void* pay = static_cast<const char*>(hd.base) + hd.values * wsz;
+  const int64_t k1 = centered ? 2 * r + 1 : r;
+  float c1, c2;
+  if (hd.w64) {
+    const double* s = static_cast<const double*>(pay);
+    c1 = centered ? static_cast<float>(s[2 * r] / n) : 0.0f;
+    c2 = static_cast<float>(s[k1] / n);
+  } else {
+    const float* s = static_cast<const float*>(pay);
+    const float nf = static_cast<float>(n);
+    c1 = centered ? s[2 * r] / nf : 0.0f;
+    c2 = s[k1] / nf;
+  }
+  float mh = 0.0f, mt = 0.0f;
+  if (centered) split_mean(load_fd(mean, r, s64), mh, mt);
+  const float rs = static_cast<float>(load_fd(rstd, r, s64));
+  const T* xr = x + r * g.h;
+  const T* dyr = dy + r * g.h;
+  T* dxr = dx + r * g.h;
+  for (int64_t i = lane; i < g.h / V; i += g.tpr) {
+    const Pack<T, V> xp = load_pack<T, V>(xr, i), dp = load_pack<T, V>(dyr, i);
+    Pack<T, V> gp, out;
+    if (gamma) gp = load_pack<T, V>(gamma, i);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float xhat = ((to_f(xp.v[k]) - mh) - mt) * rs;
+      const float gv = to_f(dp.v[k]) * (gamma ? to_f(gp.v[k]) : 1.0f);
+      out.v[k] = from_f<T>(rs * (gv - c1 - xhat * c2));
+    }
+    store_pack<T, V>(dxr, i, out);
+  }
+}
+
+// Stage 1: block (32, 8) sums dy*xhat and dy over rows [chunk*rpc, ...) for 32 columns.
+constexpr int kTileCols = 32, kTileRows = 8;
+
+template <class T>
+__global__ void __launch_bounds__(256)
+    dgamma_part(int64_t rows, int64_t h, const T* __restrict__ dy, const T* __restrict__ x,
+                const void* mean, const void* rstd, bool s64, bool centered, int64_t rpc,
+                float* part) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x;
+  const int64_t c = blockIdx.y, r0 = c * rpc, r1 = min(rows, r0 + rpc);
+  float ag = 0.0f, ab = 0.0f;
+  if (j < h) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kTileRows) {
+      float mh = 0.0f, mt = 0.0f;
+      if (centered) split_mean(load_fd(mean, r, s64), mh, mt);
+      const float rs = static_cast<float>(load_fd(rstd, r, s64));
+      const float xhat = ((to_f(x[r * h + j]) - mh) - mt) * rs;
+      const float d = to_f(dy[r * h + j]);
+      ag += d * xhat;
+      ab += d;
+    }
+  }
+  __shared__ float sg[kTileRows][kTileCols + 1], sb[kTileRows][kTileCols + 1];
+  sg[threadIdx.y][threadIdx.x] = ag;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= h) return;
+  float tg = 0.0f, tb = 0.0f;
+  for (int i = 0; i < kTileRows; ++i) {
+    tg += sg[i][threadIdx.x];
+    tb += sb[i][threadIdx.x];
+  }
+  part[(2 * c) * h + j] = tg;
+  part[(2 * c + 1) * h + j] = tb;
+}
+
+// Stage 2: column j = the chunks' partial sums in chunk order (deterministic).
+template <class T>
+__global__ void dgamma_final(int64_t h, int64_t chunks, const float* part, Header hd,
+                             T* dgamma, T* dbeta, int* err) {
+  double n;
+  if (!header_ok(hd, &n)) return mark_failed(err);
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= h) return;
+  double tg = 0, tb = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    tg += part[(2 * c) * h + j];
+    tb += part[(2 * c + 1) * h + j];
+  }
+  if (dgamma) dgamma[j] = from_f<T>(static_cast<float>(tg));
+  if (dbeta) dbeta[j] = from_f<T>(static_cast<float>(tb));
+}
+
+// The header values travel as a kernel argument, so a captured graph replays them as well.
+struct HeaderValues {
+  double v[10];
+};
+__global__ void header_kernel(void* base, bool w64, HeaderValues hv, int nh, size_t zeros) {
+  const size_t total = static_cast<size_t>(nh) + zeros;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    store_fd(base, static_cast<int64_t>(i), w64, i < static_cast<size_t>(nh) ? hv.v[i] : 0.0);
+}
+
+// ---- launchers ----------------------------------------------------------------------------
+
+struct Launch {
+  Geo g;
+  int threads = 128;
+  unsigned blocks = 0;
+  bool vec = false;
+};
+
+bool aligned16(const void* p) { return !p || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// A warp per row up to 1024 columns (4 rows per block), else a 256-thread block per row;
+// packs of 16 bytes when every row of every operand starts 16-byte aligned.
+template <class T>
+Launch choose(const RowArgs& a, std::initializer_list<const void*> ptrs) {
+  Launch l;
+  l.g.rows = a.rows;
+  l.g.h = a.h;
+  constexpr int64_t kV = 16 / sizeof(T);
+  l.vec = a.h % kV == 0;
+  for (const void* p : ptrs) l.vec = l.vec && aligned16(p);
+  l.g.tpr = a.h <= 1024 ? 32 : 256;
+  l.threads = l.g.tpr == 32 ? 128 : 256;
+  const int64_t per_block = l.threads / l.g.tpr;
+  l.blocks = static_cast<unsigned>((a.rows + per_block - 1) / per_block);
+  return l;
+}
+
+// Calls body(std::integral_constant<int, V>) with V the pack width of `l`.
+template <class D, class Body>
+void with_pack(const Launch& l, Body&& body) {
+  if (l.vec)
+    body(std::integral_constant<int, static_cast<int>(16 / sizeof(D))>{});
+  else
+    body(std::integral_constant<int, 1>{});
+}
+
+cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
+
+// Row chunks of the dgamma reduction: about 1024 blocks in all, at least 8 rows per chunk.
+int64_t dgamma_chunks(int64_t rows, int64_t h, int64_t* rpc) {
+  if (rows <= 0 || h <= 0) return *rpc = 0, 0;
+  const int64_t tiles = (h + kTileCols - 1) / kTileCols;
+  int64_t chunks = std::max<int64_t>(1, 1024 / tiles);
+  chunks = std::min(chunks, (rows + kTileRows - 1) / kTileRows);
+  *rpc = (rows + chunks - 1) / chunks;
+  return (rows + *rpc - 1) / *rpc;
+}
+
+}  // namespace
+
+template <class T>
+void row_partial_forward(const RowArgs& a, const T* x, bool robust, bool w64, void* payload) {
+  using D = typename Dev<T>::type;
+  const Launch l = choose<D>(a, {x});
+  if (l.blocks == 0) return;
+  with_pack<D>(l, [&](auto v) {
+    partial_fwd<D, decltype(v)::value><<<l.blocks, l.threads, 0, st(a.stream)>>>(
+        l.g, reinterpret_cast<const D*>(x), robust && a.centered, a.centered, w64, payload);
+  });
+  TPNORM_CHECK_LAUNCH();
+}
+
+template <class T>
+void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* beta,
+                       const Header& hd, double eps, T* y, void* mean, void* rstd, int* err) {
+  using D = typename Dev<T>::type;
+  const Launch l = choose<D>(a, {x, gamma, beta, y});
+  if (l.blocks == 0) return;
+  with_pack<D>(l, [&](auto v) {
+    apply_fwd<D, decltype(v)::value><<<l.blocks, l.threads, 0, st(a.stream)>>>(
+        l.g, reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma),
+        reinterpret_cast<const D*>(beta), hd, eps, a.centered, a.s64, reinterpret_cast<D*>(y),
+        mean, rstd, err);
+  });
+  TPNORM_CHECK_LAUNCH();
+}
+
+template <class T>
+void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
+                          const void* mean, const void* rstd, bool w64, void* payload) {
+  using D = typename Dev<T>::type;
+  const Launch l = choose<D>(a, {dy, x, gamma});
+  if (l.blocks == 0) return;
+  with_pack<D>(l, [&](auto v) {
+    partial_bwd<D, decltype(v)::value><<<l.blocks, l.threads, 0, st(a.stream)>>>(
+        l.g, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
+        reinterpret_cast<const D*>(gamma), mean, rstd, a.s64, a.centered, w64, payload);
+  });
+  TPNORM_CHECK_LAUNCH();
+}
+
+size_t row_norm_scratch_bytes(int64_t rows, int64_t h, bool params) {
+  if (!params) return 0;
+  int64_t rpc = 0;
+  const int64_t chunks = dgamma_chunks(rows, h, &rpc);
+  return static_cast<size_t>(2 * chunks * std::max<int64_t>(h, 0)) * sizeof(float);
+}
+
+template <class T>
+void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
+                        const void* mean, const void* rstd, const Header& hd, T* dx, T* dgamma,
+                        T* dbeta, void* scratch, int* err) {
+  using D = typename Dev<T>::type;
+  const Launch l = choose<D>(a, {dy, x, gamma, dx});
+  if (l.blocks > 0) {
+    with_pack<D>(l, [&](auto v) {
+      apply_bwd<D, decltype(v)::value><<<l.blocks, l.threads, 0, st(a.stream)>>>(
+          l.g, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
+          reinterpret_cast<const D*>(gamma), mean, rstd, a.s64, hd, a.centered,
+          reinterpret_cast<D*>(dx), err);
+    });
+    TPNORM_CHECK_LAUNCH();
+  }
+  if ((!dgamma && !dbeta) || a.h <= 0) return;
+  int64_t rpc = 0;
+  const int64_t chunks = dgamma_chunks(a.rows, a.h, &rpc);
+  float* part = static_cast<float*>(scratch);
+  if (chunks > 0) {
+    const dim3 grid(static_cast<unsigned>((a.h + kTileCols - 1) / kTileCols),
+                    static_cast<unsigned>(chunks));
+    dgamma_part<D><<<grid, dim3(kTileCols, kTileRows), 0, st(a.stream)>>>(
+        a.rows, a.h, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x), mean, rstd,
+        a.s64, a.centered, rpc, part);
+    TPNORM_CHECK_LAUNCH();
+  }
+  dgamma_final<D><<<static_cast<unsigned>((a.h + 255) / 256), 256, 0, st(a.stream)>>>(
+      a.h, chunks, part, hd, reinterpret_cast<D*>(dgamma), reinterpret_cast<D*>(dbeta), err);
+  TPNORM_CHECK_LAUNCH();
+}
+
+void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
+                  void* stream) {
+  HeaderValues hv{};
+  for (int i = 0; i < nh && i < 10; ++i) hv.v[i] = header[i];
+  const size_t total = static_cast<size_t>(nh) + zeros;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((total + 255) / 256, 1024));
+  header_kernel<<<blocks, 256, 0, st(stream)>>>(base, w64, hv, nh, zeros);
+  TPNORM_CHECK_LAUNCH();
+}
+
+#define TPNORM_CUDA_ROW_INSTANTIATE(T)                                                          \
+  template void row_partial_forward<T>(const RowArgs&, const T*, bool, bool, void*);           \
+  template void row_apply_forward<T>(const RowArgs&, const T*, const T*, const T*,             \
+                                     const Header&, double, T*, void*, void*, int*);           \
+  template void row_partial_backward<T>(const RowArgs&, const T*, const T*, const T*,          \
+                                        const void*, const void*, bool, void*);                \
+  template void row_apply_backward<T>(const RowArgs&, const T*, const T*, const T*,            \
+                                      const void*, const void*, const Header&, T*, T*, T*,     \
+                                      void*, int*);
+TPNORM_CUDA_ROW_INSTANTIATE(float)
+TPNORM_CUDA_ROW_INSTANTIATE(f16)
+TPNORM_CUDA_ROW_INSTANTIATE(bf16)
+
+}  // namespace tpnorm::kernels::cuda

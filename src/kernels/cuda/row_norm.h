@@ -1,0 +1,62 @@
+// row_norm.h — CUDA kernels of the row norms (LayerNorm, RMSNorm) with a sharded hidden dim:
+// the same partial / apply split as kernels/cpu/row_norm.h, on device memory, enqueued on a
+// stream. They know nothing of communication.
+//
+// Stats buffer ("base"): the call's header (Header below) followed by the payload, in the
+// wire type W (double when w64, else float); payload per row as on CPU: centred {S1, S2},
+// RMS {S2}; backward centred {Sg, Sgx}, RMS {Sgx}. Apply kernels read the global count n from
+// the summed header and check it: a failed or disagreeing call (error flag != 0, fingerprint
+// chunks with P*sum(c^2) != sum(c)^2, or n >= 2^24 with float wire) writes no output and sets
+// *err = 1.
+//
+// Launch geometry is chosen on the host from h: a warp per row (4 rows per 128-thread block)
+// when h <= 1024, else a 256-thread block per row; 16-byte vector loads when h and every
+// pointer allow it. Everything is float32 inside (the robust mode accumulates around a
+// per-row pivot, as on CPU); saved mean/rstd are float or double (s64).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tpnorm::kernels::cuda {
+
+struct Header {
+  const void* base = nullptr;  ///< header + payload on device
+  int values = 2;              ///< header length in W values (2, or 10 with the fingerprint)
+  int ranks = 1;
+  bool w64 = true;             ///< wire type double (robust) or float (naive)
+};
+
+struct RowArgs {
+  int64_t rows = 0, h = 0;
+  bool centered = true;
+  bool s64 = false;        ///< saved mean/rstd are double
+  void* stream = nullptr;  ///< cudaStream_t
+};
+
+template <class T>
+void row_partial_forward(const RowArgs& a, const T* x, bool robust, bool w64, void* payload);
+
+template <class T>
+void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* beta,
+                       const Header& hd, double eps, T* y, void* mean, void* rstd, int* err);
+
+template <class T>
+void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
+                          const void* mean, const void* rstd, bool w64, void* payload);
+
+/// dx from the summed statistics; dgamma/dbeta (may be null) by a two-stage column reduction
+/// through `scratch` (row_norm_scratch_bytes), deterministic for a given shape.
+template <class T>
+void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
+                        const void* mean, const void* rstd, const Header& hd, T* dx, T* dgamma,
+                        T* dbeta, void* scratch, int* err);
+
+/// Device scratch the backward needs for dgamma/dbeta (0 when neither is requested).
+size_t row_norm_scratch_bytes(int64_t rows, int64_t h, bool params);
+
+/// Writes nh header values (given as doubles) in the wire type at base, then `zeros` zeros.
+void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
+                  void* stream);
+
+}  // namespace tpnorm::kernels::cuda
