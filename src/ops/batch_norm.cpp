@@ -77,6 +77,15 @@ void store_stat(const TensorView& t, const std::vector<double>& v) {
   if (!t.present()) return;
   dispatch_acc(t.dtype, [&](auto s) { store<decltype(s)>(t, v); });
 }
+// SyncBatchNorm has no device path yet. Every rank of a communicator has the same device kind,
+// so every rank throws here together without communicating.
+void require_host(const Communicator& comm, const char* op) {
+  if (comm.device().kind != DeviceKind::CPU)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("tpnorm: ") + op + ": no CUDA implementation yet; use a CPU "
+                "communicator and host tensors");
+}
+
 std::vector<double> load_stat(const TensorView& t, int64_t c) {
   std::vector<double> v(c);
   dispatch_acc(t.dtype, [&](auto s) {
@@ -94,6 +103,7 @@ void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const Tens
                              const TensorView& y, const TensorView& save_mean,
                              const TensorView& save_invstd, const BatchNormOptions& opt) {
   static const char* kOp = "sync_batch_norm_forward";
+  require_host(comm, kOp);
   const bool tracking = running_mean.present() || running_var.present();
   const bool batch_stats = opt.training || !tracking;  // eval without running stats: batch
   const bool cumulative = std::isnan(opt.momentum);
@@ -182,6 +192,7 @@ void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const Te
                               const TensorView& dgamma, const TensorView& dbeta,
                               const BatchNormOptions& opt) {
   static const char* kOp = "sync_batch_norm_backward";
+  require_host(comm, kOp);
   const kc::BatchNormArgs a = geometry(x, opt);
   std::unique_ptr<Communicator> local = opt.training ? nullptr : make_single_communicator(comm.device());
   detail::PackedCall call(opt.training ? comm : *local, kOp, wire_of(opt.stats),
