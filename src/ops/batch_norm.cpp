@@ -17,6 +17,9 @@
 #include "ops/packed_call.h"
 #include "ops/validate.h"
 #include "tpnorm/batch_norm.h"
+#ifdef TPNORM_WITH_CUDA
+#include "ops/cuda/batch_norm_cuda.h"
+#endif
 
 namespace tpnorm {
 namespace {
@@ -77,14 +80,14 @@ void store_stat(const TensorView& t, const std::vector<double>& v) {
   if (!t.present()) return;
   dispatch_acc(t.dtype, [&](auto s) { store<decltype(s)>(t, v); });
 }
-// SyncBatchNorm has no device path yet. Every rank of a communicator has the same device kind,
-// so every rank throws here together without communicating.
+#ifndef TPNORM_WITH_CUDA
+// Without the CUDA backend a device communicator can only be a stream-less single-rank one.
 void require_host(const Communicator& comm, const char* op) {
   if (comm.device().kind != DeviceKind::CPU)
     throw Error(ErrorCode::kInvalidArgument,
-                std::string("tpnorm: ") + op + ": no CUDA implementation yet; use a CPU "
-                "communicator and host tensors");
+                std::string("tpnorm: ") + op + ": this build has no CUDA backend");
 }
+#endif
 
 std::vector<double> load_stat(const TensorView& t, int64_t c) {
   std::vector<double> v(c);
@@ -103,14 +106,13 @@ void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const Tens
                              const TensorView& y, const TensorView& save_mean,
                              const TensorView& save_invstd, const BatchNormOptions& opt) {
   static const char* kOp = "sync_batch_norm_forward";
-  require_host(comm, kOp);
   const bool tracking = running_mean.present() || running_var.present();
   const bool batch_stats = opt.training || !tracking;  // eval without running stats: batch
   const bool cumulative = std::isnan(opt.momentum);
   const kc::BatchNormArgs a = geometry(x, opt);
 
   // Eval with running statistics communicates nothing, so it validates on a local call.
-  std::unique_ptr<Communicator> local = batch_stats ? nullptr : make_single_communicator(comm.device());
+  std::unique_ptr<Communicator> local = batch_stats ? nullptr : make_single_communicator();
   detail::PackedCall call(batch_stats ? comm : *local, kOp, wire_of(opt.stats),
                           opt.check_agreement);
   detail::Validator v(call, comm.device());
@@ -133,6 +135,15 @@ void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const Tens
   call.agree("running stats", tracking ? 1 : 0);
   call.agree("gamma", gamma.present() ? 1 : 0);
   call.agree("beta", beta.present() ? 1 : 0);
+#ifdef TPNORM_WITH_CUDA
+  if (comm.device().kind == DeviceKind::CUDA)
+    return detail::sync_batch_norm_forward_cuda(comm, call, a, batch_stats, tracking, x, gamma,
+                                                beta, running_mean, running_var,
+                                                num_batches_tracked, y, save_mean, save_invstd,
+                                                opt);
+#else
+  require_host(comm, kOp);
+#endif
 
   std::vector<double> mean(a.c), invstd(a.c), var(a.c);
   if (batch_stats) {
@@ -192,9 +203,8 @@ void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const Te
                               const TensorView& dgamma, const TensorView& dbeta,
                               const BatchNormOptions& opt) {
   static const char* kOp = "sync_batch_norm_backward";
-  require_host(comm, kOp);
   const kc::BatchNormArgs a = geometry(x, opt);
-  std::unique_ptr<Communicator> local = opt.training ? nullptr : make_single_communicator(comm.device());
+  std::unique_ptr<Communicator> local = opt.training ? nullptr : make_single_communicator();
   detail::PackedCall call(opt.training ? comm : *local, kOp, wire_of(opt.stats),
                           opt.check_agreement);
   detail::Validator v(call, comm.device());
@@ -208,6 +218,13 @@ void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const Te
   agree_common(call, x, a, opt);
   call.agree("training", opt.training ? 1 : 0);
   call.agree("gamma", gamma.present() ? 1 : 0);
+#ifdef TPNORM_WITH_CUDA
+  if (comm.device().kind == DeviceKind::CUDA)
+    return detail::sync_batch_norm_backward_cuda(comm, call, a, dy, x, gamma, save_mean,
+                                                 save_invstd, dx, dgamma, dbeta, opt);
+#else
+  require_host(comm, kOp);
+#endif
 
   call.prepare(static_cast<size_t>(2 * a.c), static_cast<double>(a.n * a.inner));
   if (!opt.training) call.throw_if_failed_locally(comm.rank());
