@@ -8,6 +8,9 @@
 // identity and the time is the kernels' (plus the header write). Median of `iters` calls timed
 // with CUDA events.
 //
+// SyncBatchNorm (training mode) runs on the same buffers viewed as N x 64 channels x 64x64
+// (N = rows*hidden / 2^18, when that is at least 1), NCHW and channels-last.
+//
 //   gpu_bench [rows=16384] [hidden=8192] [iters=30]
 #include <cuda_runtime_api.h>
 
@@ -17,6 +20,7 @@
 #include <functional>
 #include <vector>
 
+#include "tpnorm/batch_norm.h"
 #include "tpnorm/cuda.h"
 #include "tpnorm/norm.h"
 
@@ -109,7 +113,38 @@ int main(int argc, char** argv) {
            rms_norm_backward(*comm, v(dy, sx), v(x, sx), v(g, sp), f(rstd), v(dx, sx), v(dg, sp));
          }},
     };
-    for (const Row& r : rows) {
+    // SyncBatchNorm over the same elements: C = 64 channels of 64x64, N = n / (64*4096).
+    const int64_t bc = 64, bhw = 64, bn = static_cast<int64_t>(n) / (bc * bhw * bhw);
+    BatchNormOptions bopt;
+    auto cv = [&](void* p) { return TensorView(p, DType::F32, Shape{bc}, Device::cuda(0)); };
+    void *rmean, *rvar;
+    BENCH_CUDA(cudaMalloc(&rmean, bc * 4));
+    BENCH_CUDA(cudaMalloc(&rvar, bc * 4));
+    BENCH_CUDA(cudaMemset(rmean, 0, bc * 4));
+    BENCH_CUDA(cudaMemset(rvar, 0, bc * 4));
+    int64_t tracked = 0;
+    std::vector<Row> all = rows;
+    for (Layout lay : {Layout::kNCHW, Layout::kChannelsLast}) {
+      if (bn < 1) break;
+      const Shape bs = lay == Layout::kNCHW ? Shape{bn, bc, bhw, bhw} : Shape{bn, bhw, bhw, bc};
+      const size_t bytes = static_cast<size_t>(bn * bc * bhw * bhw) * es;
+      const char* name = lay == Layout::kNCHW ? "SyncBN" : "SyncBN-CL";
+      all.push_back({name, "forward", 2.0 * bytes, [&, bs, lay] {
+                       BatchNormOptions o = bopt;
+                       o.layout = lay;
+                       sync_batch_norm_forward(*comm, v(x, bs), v(g, Shape{bc}), v(b, Shape{bc}),
+                                               cv(rmean), cv(rvar), &tracked, v(y, bs),
+                                               cv(mean), cv(rstd), o);
+                     }});
+      all.push_back({name, "backward", 3.0 * bytes, [&, bs, lay] {
+                       BatchNormOptions o = bopt;
+                       o.layout = lay;
+                       sync_batch_norm_backward(*comm, v(dy, bs), v(x, bs), v(g, Shape{bc}),
+                                                cv(mean), cv(rstd), v(dx, bs), v(dg, Shape{bc}),
+                                                v(db, Shape{bc}), o);
+                     }});
+    }
+    for (const Row& r : all) {
       const double ms = median_ms(s, iters, r.fn);
       // The copy moves the same bytes: it reads half of them and writes the other half.
       const size_t half = static_cast<size_t>(r.bytes / 2);
@@ -126,7 +161,8 @@ int main(int argc, char** argv) {
       std::printf("gpu_bench: %s\n", e.what());
       return 1;
     }
-    for (void* p : {x, y, dy, dx, g, b, dg, db, mean, rstd, copy_src, copy_dst}) cudaFree(p);
+    for (void* p : {x, y, dy, dx, g, b, dg, db, mean, rstd, copy_src, copy_dst, rmean, rvar})
+      cudaFree(p);
   }
   comm.reset();
   cudaStreamDestroy(s);
