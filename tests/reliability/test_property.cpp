@@ -1,24 +1,20 @@
 // Property test: 500 random cases of the row norms against the float64 reference, run at
-// world sizes 1-4 on sub-communicators of one 4-rank job. Each round splits the job's ranks
-// into random contiguous groups (4, 3+1, 2+2, 1+2+1, ...) and every group runs its own case at
-// the same time, so that no rank idles (idle ranks spinning in the next collective slow an
-// oversubscribed job several times over). Each case draws, from a seed every rank shares: op (LayerNorm / RMSNorm), rows,
+// world sizes 1-4 on sub-communicators of one 4-rank job (tests/support/property_driver.h).
+// Each case draws, from a seed every rank shares: op (LayerNorm / RMSNorm), rows,
 // hidden size, P, an uneven split (shards of 0 columns included), affine on/off, storage dtype,
 // saved-statistics dtype, statistics mode, agreement check on/off and strict/folded agreement.
 // Forward and backward are compared element by element with the per-dtype tolerances of
-// tests/mpi/test_row_norm_equiv.cpp; a failing case is printed with its seed for replay.
+// tests/mpi/test_row_norm_equiv.cpp. The other ops: test_property_ops.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
-#include <memory>
 #include <random>
 
 #include "harness.h"
+#include "property_driver.h"
 #include "reference.h"
 #include "storage.h"
-#include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
 
 using namespace tpnorm;
@@ -50,10 +46,8 @@ struct Case {
   }
 };
 
-int pick(std::mt19937_64& g, int n) { return static_cast<int>(g() % static_cast<uint64_t>(n)); }
-
 Case draw(std::mt19937_64& g, int P) {
-  auto pick = [&](int n) { return ::pick(g, n); };
+  auto pick = [&](int n) { return tpnorm_test::pick(g, n); };
   Case c;
   c.centered = pick(2);
   c.affine = pick(2);
@@ -134,52 +128,12 @@ int64_t run_case(Communicator& comm, const Case& c, uint64_t seed) {
   return wrong;
 }
 
-// This rank's communicator for a split of the world into contiguous groups of sizes `sizes`;
-// made (collectively, on every rank) the first time a split is drawn.
-Communicator& group_comm(const std::vector<int>& sizes) {
-  static std::map<std::vector<int>, std::unique_ptr<Communicator>> cache;
-  auto& c = cache[sizes];
-  if (!c) {
-    int group = 0;
-    for (int end = sizes[0]; world_rank() >= end; end += sizes[++group]) {}
-    MPI_Comm sub;
-    MPI_Comm_split(MPI_COMM_WORLD, group, world_rank(), &sub);
-    c = make_mpi_communicator(sub);
-    MPI_Comm_free(&sub);  // the communicator keeps its own duplicate
-  }
-  return *c;
-}
-
 TEST(Property, RandomCasesMatchTheFloat64Reference) {
-  const int W = world_size(), me = world_rank();
-  std::mt19937_64 g(kSeed);  // the same draws on every rank
-  int64_t bad_cases = 0, ran = 0;
-  std::vector<int> by_size(W + 1, 0);
-  for (int i = 0; i < kCases;) {
-    std::vector<int> sizes;
-    for (int left = W; left > 0; left -= sizes.back()) sizes.push_back(1 + pick(g, left));
-    Communicator& comm = group_comm(sizes);
-    for (size_t k = 0, first = 0; k < sizes.size(); first += sizes[k++], ++i) {
-      const Case c = draw(g, sizes[k]);
-      by_size[c.P] += 1;
-      const uint64_t seed = kSeed + static_cast<uint64_t>(i);
-      if (me < static_cast<int>(first) || me >= static_cast<int>(first) + c.P) continue;
-      ++ran;
-      const int64_t wrong = run_case(comm, c, seed);
-      if (wrong) {
-        ++bad_cases;
-        std::fprintf(stderr, "[rank %d] case %d (seed %llu): %s: %lld wrong elements\n", me, i,
-                     static_cast<unsigned long long>(seed), c.str().c_str(),
-                     static_cast<long long>(wrong));
-      }
-    }
-  }
-  EXPECT_EQ(sum_over_ranks(bad_cases), 0);
-  if (me == 0) {
-    std::printf("property: random cases by world size:");
-    for (int P = 1; P <= W; ++P) std::printf(" P=%d: %d", P, by_size[P]);
-    std::printf("; rank 0 ran %lld\n", static_cast<long long>(ran));
-  }
+  run_random_cases(kCases, kSeed, [](std::mt19937_64& g, int P) {
+    const Case c = draw(g, P);
+    return PropertyCase{c.centered ? "LayerNorm" : "RMSNorm", c.str(),
+                        [c](Communicator& comm, uint64_t seed) { return run_case(comm, c, seed); }};
+  });
 }
 
 }  // namespace

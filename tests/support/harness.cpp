@@ -63,19 +63,24 @@ std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t co
 }
 
 namespace {
-double g_max_abs_err = 0;
+double g_max_abs_err = 0, g_max_tol_used = 0;
 }
 
 double max_abs_err() { return g_max_abs_err; }
-void reset_max_abs_err() { g_max_abs_err = 0; }
+double max_tolerance_used() { return g_max_tol_used; }
+void reset_max_abs_err() { g_max_abs_err = g_max_tol_used = 0; }
 
 int64_t count_wrong(const char* what, const float* got, const double* want, size_t n,
                     double atol, double rtol) {
   int64_t wrong = 0;
   for (size_t i = 0; i < n; ++i) {
     const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (std::isfinite(err)) g_max_abs_err = std::max(g_max_abs_err, err);
-    if (!(err <= atol + rtol * std::fabs(want[i]))) {
+    const double tol = atol + rtol * std::fabs(want[i]);
+    if (std::isfinite(err)) {
+      g_max_abs_err = std::max(g_max_abs_err, err);
+      if (tol > 0) g_max_tol_used = std::max(g_max_tol_used, err / tol);
+    }
+    if (!(err <= tol)) {
       if (wrong < 5)
         std::fprintf(stderr, "[rank %d] %s[%zu]: got %.9g, want %.9g (err %.3g, tol %.3g)\n",
                      world_rank(), what, i, got[i], want[i], err,
