@@ -32,7 +32,7 @@ kc::BatchNormArgs geometry(const TensorView& x, const BatchNormOptions& opt) {
   kc::BatchNormArgs a;
   a.channels_last = opt.layout == Layout::kChannelsLast;
   a.threads = opt.num_threads;
-  if (x.shape.ndim < 2 || x.numel() < 0) return a;
+  if (x.shape.ndim < 2 || !detail::shape_fits(x.shape)) return a;  // zeros: the validator rejects x
   a.n = x.shape[0];
   const int cdim = a.channels_last ? x.shape.ndim - 1 : 1;
   a.c = x.shape[cdim];

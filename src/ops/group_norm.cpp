@@ -3,6 +3,7 @@
 // has confirmed that every rank's arguments are valid and agree.
 #include "kernels/cpu/group_norm.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ namespace kc = kernels::cpu;
 
 struct Geometry {
   int64_t n = 0, c_local = 0, spatial = 1, channels = 0;
+  int64_t ng = 0;  ///< N * groups: (sample, group) statistics, set by check()
   kc::GroupNormArgs args(const ChannelGroups& cg, int threads) const {
     const int64_t g = cg.groups > 0 ? cg.groups : 1;
     return {n,      c_local, spatial, cg.channel_offset, g, channels / g > 0 ? channels / g : 1,
@@ -28,7 +30,7 @@ struct Geometry {
 
 Geometry geometry(const TensorView& x, const ChannelGroups& cg) {
   Geometry g;
-  if (x.shape.ndim >= 2 && x.numel() >= 0) {
+  if (x.shape.ndim >= 2 && detail::shape_fits(x.shape)) {  // else zeros: the validator rejects x
     g.n = x.shape[0];
     g.c_local = x.shape[1];
     for (int i = 2; i < x.shape.ndim; ++i) g.spatial *= x.shape[i];
@@ -40,7 +42,7 @@ Geometry geometry(const TensorView& x, const ChannelGroups& cg) {
 // Local checks of the grouping and the common agreement fields; returns the geometry.
 Geometry check(detail::PackedCall& call, detail::Validator& v, const TensorView& x,
                const ChannelGroups& cg, const TensorView& gamma, const NormOptions& opt) {
-  const Geometry g = geometry(x, cg);
+  Geometry g = geometry(x, cg);
   detail::host_only(v, x.device) && v.usable("x", x) &&
       v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) &&
       (x.shape.ndim >= 2 || v.fail("x", "must be [N, C, *spatial], got " + x.shape.str())) &&
@@ -48,7 +50,8 @@ Geometry check(detail::PackedCall& call, detail::Validator& v, const TensorView&
       (g.channels % cg.groups == 0 ||
        v.fail("groups", std::to_string(cg.groups) + " does not divide " +
                             std::to_string(g.channels) + " channels")) &&
-      ((cg.channel_offset >= 0 && cg.channel_offset + g.c_local <= g.channels) ||
+      // channels - c_local, not offset + c_local: an absurd offset must not overflow.
+      ((cg.channel_offset >= 0 && cg.channel_offset <= g.channels - g.c_local) ||
        v.fail("channel_offset", std::to_string(cg.channel_offset) + " + " +
                                     std::to_string(g.c_local) + " local channels exceeds " +
                                     std::to_string(g.channels)));
@@ -59,9 +62,15 @@ Geometry check(detail::PackedCall& call, detail::Validator& v, const TensorView&
   call.agree("dtype", static_cast<double>(x.dtype));
   call.agree("stats", static_cast<double>(opt.stats));
   call.agree("gamma", gamma.present() ? 1 : 0);
+  // groups is the caller's number, not a dim of x: N * groups * 2 payload values must fit.
+  if (cg.groups >= 1 && (__builtin_mul_overflow(g.n, cg.groups, &g.ng) ||
+                         g.ng > std::numeric_limits<int64_t>::max() / 2)) {
+    v.fail("groups", std::to_string(g.n) + " samples x " + std::to_string(cg.groups) +
+                         " groups overflows int64");
+    g.ng = 0;
+  }
   // Local count: this rank's channels; summed, it must be all channels (slices tile [0, C)).
-  call.prepare(static_cast<size_t>(g.n * cg.groups * 2 > 0 ? g.n * cg.groups * 2 : 0),
-               static_cast<double>(g.c_local));
+  call.prepare(static_cast<size_t>(g.ng * 2), static_cast<double>(g.c_local));
   return g;
 }
 
@@ -93,8 +102,8 @@ void group_norm_forward(Communicator& comm, const TensorView& x, const ChannelGr
   v.usable("y", y) && v.same_shape("y", y, x.shape) && v.same_dtype("y", y, x.dtype) &&
       v.optional("gamma", gamma, g.c_local, x.dtype) &&
       v.optional("beta", beta, g.c_local, x.dtype);
-  stats_ok(v, "rstd", rstd, g.n * cg.groups, sdt);
-  stats_ok(v, "mean", mean, g.n * cg.groups, sdt);
+  stats_ok(v, "rstd", rstd, g.ng, sdt);
+  stats_ok(v, "mean", mean, g.ng, sdt);
   const kc::GroupNormArgs a = g.args(cg, opt.num_threads);
   if (!call.failed()) {
     detail::dispatch_storage(x.dtype, [&](auto t) {
@@ -107,7 +116,7 @@ void group_norm_forward(Communicator& comm, const TensorView& x, const ChannelGr
   }
   call.reduce();
   check_tiling(call, g, op);
-  const double count = static_cast<double>(a.cpg * g.spatial);
+  const double count = static_cast<double>(a.cpg) * static_cast<double>(g.spatial);
   detail::check_naive_count(opt.stats, count);
   detail::dispatch_storage(x.dtype, [&](auto t) {
     detail::dispatch_acc(call.wire(), [&](auto w) {
@@ -132,7 +141,7 @@ void group_norm_backward(Communicator& comm, const TensorView& dy, const TensorV
   detail::PackedCall call(comm, op, detail::wire_of(opt.stats), opt.check_agreement);
   detail::Validator v(call, comm.device());
   const Geometry g = check(call, v, x, cg, gamma, opt);
-  const int64_t ng = g.n * cg.groups;
+  const int64_t ng = g.ng;
   v.usable("dy", dy) && v.same_shape("dy", dy, x.shape) && v.same_dtype("dy", dy, x.dtype) &&
       v.usable("dx", dx) && v.same_shape("dx", dx, x.shape) && v.same_dtype("dx", dx, x.dtype) &&
       v.optional("gamma", gamma, g.c_local, x.dtype) && v.usable("rstd", rstd) &&
@@ -162,7 +171,7 @@ void group_norm_backward(Communicator& comm, const TensorView& dy, const TensorV
   }
   call.reduce();
   check_tiling(call, g, op);
-  const double count = static_cast<double>(a.cpg * g.spatial);
+  const double count = static_cast<double>(a.cpg) * static_cast<double>(g.spatial);
   detail::check_naive_count(opt.stats, count);
   run([&](auto t, auto w, auto s) {
     using T = decltype(t);

@@ -8,6 +8,7 @@
 #include "common/dispatch.h"
 #include "kernels/cpu/row_norm.h"
 #include "ops/packed_call.h"
+#include "ops/row_stages.h"
 #include "ops/validate.h"
 #include "tpnorm/norm.h"
 #ifdef TPNORM_WITH_CUDA
@@ -19,19 +20,9 @@ namespace {
 
 namespace kc = kernels::cpu;
 
-struct Geometry {
-  int64_t rows = 0, h = 0;
-};
-Geometry geometry(const TensorView& x) {
-  Geometry g;  // {0, 0} for a shape the validator rejects
-  int64_t n = 0, rows = 0;
-  if (x.shape.ndim == 0 || !detail::checked_product(x.shape, x.shape.ndim, &n) ||
-      !detail::checked_product(x.shape, x.shape.ndim - 1, &rows))
-    return g;
-  g.h = x.shape[x.shape.ndim - 1];
-  g.rows = rows;
-  return g;
-}
+// {0, 0} for a shape the validator rejects (see detail::shape_fits).
+using Geometry = detail::RowGeometry;
+Geometry geometry(const TensorView& x) { return detail::row_geometry(x); }
 
 DType wire_of(Stats s) { return s == Stats::kNaive ? DType::F32 : DType::F64; }
 

@@ -26,7 +26,7 @@ void dispatch3(DType storage, DType wire, DType saved, Fn&& fn) {
 
 RowGeometry row_geometry(const TensorView& x) {
   RowGeometry g;
-  if (x.shape.ndim == 0 || x.numel() < 0) return g;
+  if (x.shape.ndim == 0 || !shape_fits(x.shape)) return g;  // {0, 0}: the validator rejects x
   g.h = x.shape[x.shape.ndim - 1];
   g.rows = 1;
   for (int i = 0; i + 1 < x.shape.ndim; ++i) g.rows *= x.shape[i];

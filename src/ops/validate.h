@@ -22,6 +22,19 @@ inline bool checked_product(const Shape& s, int n, int64_t* out) {
   return true;
 }
 
+/// True when every dim is >= 0 and the product of the non-zero dims fits int64. Then the
+/// product of ANY subset of dims (rows, spatial, inner) fits too, even when an empty dim makes
+/// the element count 0 ([0, 2^40, 2^40] has 0 elements but 2^80 "rows per sample"). The ops
+/// compute their geometry only from shapes that pass this, and Validator::usable rejects the
+/// rest, so no shape reaches a product that overflows.
+inline bool shape_fits(const Shape& s) {
+  int64_t p = 1;
+  for (int i = 0; i < s.ndim; ++i)
+    if (s.dims[i] < 0 || (s.dims[i] > 0 && __builtin_mul_overflow(p, s.dims[i], &p)))
+      return false;
+  return true;
+}
+
 class Validator {
  public:
   Validator(PackedCall& call, Device device) : call_(call), device_(device) {}
@@ -31,8 +44,9 @@ class Validator {
     if (!v.present()) return fail(name, "is required but absent");
     if (v.device != device_) return fail(name, "lives on a device other than the communicator's");
     int64_t n = 0;
-    if (!checked_product(v.shape, v.shape.ndim, &n))
-      return fail(name, "has a negative dimension or more than 2^63 elements: " + v.shape.str());
+    if (!shape_fits(v.shape) || !checked_product(v.shape, v.shape.ndim, &n))
+      return fail(name, "has a negative dimension or dimensions whose product exceeds 2^63: " +
+                            v.shape.str());
     if (n > 0 && !v.data) return fail(name, "is null but has " + std::to_string(n) + " elements");
     return true;
   }
