@@ -17,8 +17,13 @@
 // needs no gradient all-reduce. Variants (--arch):
 //   pre       h' = h + MLP(Norm(h)), and a final Norm before the loss
 //   post      h' = Norm(h + MLP(h))
-//   deepnorm  h' = Norm(alpha*h + MLP(h)), alpha = (2N)^(1/4); W1, W2 initialised scaled by
-//             beta = (8N)^(-1/4) (DeepNet, encoder form)
+//   deepnorm  h' = Norm(alpha*h + MLP(h)), alpha = deepnorm_alpha(N, encoder) = (2N)^(1/4);
+//             W1, W2 initialised scaled by beta = (8N)^(-1/4) (DeepNet, encoder form)
+// Every residual add goes through tpnorm's fused ops (tpnorm/fused.h), which add and normalize
+// in one pass and one collective: in post and deepnorm the add and the block's own norm; in pre
+// the add that ends block l and the norm that starts block l+1 (or the final norm), so only
+// the first block's norm is a plain one. In pre, h' also feeds the next residual add: its
+// gradient from there enters the fused backward as dh_extra.
 // --norm layernorm|rmsnorm picks the norm. The parameters and data are generated from seeds on
 // their FULL shapes and sliced, so every world size trains the same model; runs at different P
 // differ only by the order of floating-point sums (matmuls accumulate in float64, the
@@ -32,9 +37,11 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/loss_log.h"
+#include "tpnorm/fused.h"
 #include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
 
@@ -105,48 +112,96 @@ void sgd(Vec& w, const std::vector<double>& g, double lr) {
 }
 void sgd(Vec& w, const Vec& g, double lr) { sgd(w, std::vector<double>(g.begin(), g.end()), lr); }
 
-// A hidden-sharded norm with its own slice of gamma (and beta), through tpnorm.
+// A hidden-sharded norm with its own slice of gamma (and beta), through tpnorm: on its own
+// (forward / backward) or fused with the residual add in front of it (add_forward / add_backward).
 struct ShardedNorm {
   bool rms = false;
-  Vec gamma, beta, x, mean, rstd, dgamma, dbeta;
-  ShardedNorm(bool r, int64_t h) : rms(r), gamma(h, 1.0f), beta(h, 0.0f), dgamma(h), dbeta(h) {}
+  Vec gamma, beta, h, mean, rstd, dgamma, dbeta;  // h: the normalized input, kept for backward
+  ShardedNorm(bool r, int64_t n) : rms(r), gamma(n, 1.0f), beta(n, 0.0f), dgamma(n), dbeta(n) {}
 
+  // y = Norm(in).
   Vec forward(Tp& tp, const Vec& in) {
-    const int64_t T = tp.T, h = tp.me().n;
-    x = in;
-    mean.assign(T, 0.0f);
-    rstd.assign(T, 0.0f);
+    const int64_t T = tp.T, n = tp.me().n;
+    h = in;
+    prepare(T);
     Vec y(in.size());
     if (rms)
-      tpnorm::rms_norm_forward(*tp.norm_comm, view(x.data(), Shape{T, h}),
-                               view(gamma.data(), Shape{h}), view(y.data(), Shape{T, h}),
-                               view(rstd.data(), Shape{T}));
+      tpnorm::rms_norm_forward(*tp.norm_comm, view(h.data(), Shape{T, n}), g(n),
+                               view(y.data(), Shape{T, n}), view(rstd.data(), Shape{T}));
     else
-      tpnorm::layer_norm_forward(*tp.norm_comm, view(x.data(), Shape{T, h}),
-                                 view(gamma.data(), Shape{h}), view(beta.data(), Shape{h}),
-                                 view(y.data(), Shape{T, h}), view(mean.data(), Shape{T}),
+      tpnorm::layer_norm_forward(*tp.norm_comm, view(h.data(), Shape{T, n}), g(n), b(n),
+                                 view(y.data(), Shape{T, n}), view(mean.data(), Shape{T}),
                                  view(rstd.data(), Shape{T}));
     return y;
   }
+  // Returns dL/din.
   Vec backward(Tp& tp, const Vec& dy) {
-    const int64_t T = tp.T, h = tp.me().n;
+    const int64_t T = tp.T, n = tp.me().n;
     Vec dx(dy.size());
     if (rms)
-      tpnorm::rms_norm_backward(*tp.norm_comm, view(dy.data(), Shape{T, h}),
-                                view(x.data(), Shape{T, h}), view(gamma.data(), Shape{h}),
-                                view(rstd.data(), Shape{T}), view(dx.data(), Shape{T, h}),
-                                view(dgamma.data(), Shape{h}));
+      tpnorm::rms_norm_backward(*tp.norm_comm, view(dy.data(), Shape{T, n}),
+                                view(h.data(), Shape{T, n}), g(n), view(rstd.data(), Shape{T}),
+                                view(dx.data(), Shape{T, n}), view(dgamma.data(), Shape{n}));
     else
-      tpnorm::layer_norm_backward(*tp.norm_comm, view(dy.data(), Shape{T, h}),
-                                  view(x.data(), Shape{T, h}), view(gamma.data(), Shape{h}),
-                                  view(mean.data(), Shape{T}), view(rstd.data(), Shape{T}),
-                                  view(dx.data(), Shape{T, h}), view(dgamma.data(), Shape{h}),
-                                  view(dbeta.data(), Shape{h}));
+      tpnorm::layer_norm_backward(*tp.norm_comm, view(dy.data(), Shape{T, n}),
+                                  view(h.data(), Shape{T, n}), g(n), view(mean.data(), Shape{T}),
+                                  view(rstd.data(), Shape{T}), view(dx.data(), Shape{T, n}),
+                                  view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}));
     return dx;
   }
+
+  // h = alpha*x + f (the new residual stream, kept in h), y = Norm(h): one fused call.
+  Vec add_forward(Tp& tp, const Vec& x, const Vec& f, double alpha) {
+    const int64_t T = tp.T, n = tp.me().n;
+    h.resize(x.size());
+    prepare(T);
+    Vec y(x.size());
+    const Shape s{T, n};
+    if (rms)
+      tpnorm::fused_add_rms_norm_forward(*tp.norm_comm, cview(x, s), cview(f, s), alpha, g(n),
+                                         view(h.data(), s), view(y.data(), s),
+                                         view(rstd.data(), Shape{T}));
+    else
+      tpnorm::fused_add_layer_norm_forward(*tp.norm_comm, cview(x, s), cview(f, s), alpha, g(n),
+                                           b(n), view(h.data(), s), view(y.data(), s),
+                                           view(mean.data(), Shape{T}),
+                                           view(rstd.data(), Shape{T}));
+    return y;
+  }
+  // Given dL/dy and dh_extra (dL/dh from h's other uses; empty: none), returns {dL/dx, dL/df}.
+  std::pair<Vec, Vec> add_backward(Tp& tp, const Vec& dy, const Vec& dh_extra, double alpha) {
+    const int64_t T = tp.T, n = tp.me().n;
+    const Shape s{T, n};
+    const tpnorm::TensorView extra = dh_extra.empty() ? tpnorm::TensorView{} : cview(dh_extra, s);
+    Vec dx(dy.size()), df(dy.size());
+    if (rms)
+      tpnorm::fused_add_rms_norm_backward(*tp.norm_comm, cview(dy, s), extra, view(h.data(), s),
+                                          g(n), view(rstd.data(), Shape{T}), alpha,
+                                          view(dx.data(), s), view(df.data(), s),
+                                          view(dgamma.data(), Shape{n}));
+    else
+      tpnorm::fused_add_layer_norm_backward(
+          *tp.norm_comm, cview(dy, s), extra, view(h.data(), s), g(n),
+          view(mean.data(), Shape{T}), view(rstd.data(), Shape{T}), alpha, view(dx.data(), s),
+          view(df.data(), s), view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}));
+    return {dx, df};
+  }
+
   void step(double lr) {
     sgd(gamma, dgamma, lr);
     if (!rms) sgd(beta, dbeta, lr);
+  }
+
+ private:
+  void prepare(int64_t T) {
+    mean.assign(T, 0.0f);
+    rstd.assign(T, 0.0f);
+  }
+  tpnorm::TensorView g(int64_t n) { return view(gamma.data(), Shape{n}); }
+  tpnorm::TensorView b(int64_t n) { return view(beta.data(), Shape{n}); }
+  // tpnorm's views are mutable; the inputs are only read.
+  static tpnorm::TensorView cview(const Vec& v, Shape s) {
+    return view(const_cast<float*>(v.data()), s);
   }
 };
 
@@ -204,41 +259,64 @@ struct TpMlp {
 
 enum class Arch { kPre, kPost, kDeepNorm };
 
-struct Block {
+// The block stack. pre: norms[l] starts block l and norms[L] is the final norm; post and
+// deepnorm: norms[l] ends block l.
+struct Model {
   Arch arch;
   double alpha;
-  ShardedNorm norm;
-  TpMlp mlp;
-  Block(const Tp& tp, Arch ar, bool rms, int64_t F, int layer, int layers)
+  std::vector<ShardedNorm> norms;
+  std::vector<TpMlp> mlps;
+  Model(const Tp& tp, Arch ar, bool rms, int64_t F, int layers)
       : arch(ar),
-        alpha(ar == Arch::kDeepNorm ? std::pow(2.0 * layers, 0.25) : 1.0),
-        norm(rms, tp.me().n),
-        mlp(tp, F, layer, ar == Arch::kDeepNorm ? std::pow(8.0 * layers, -0.25) : 1.0) {}
+        alpha(ar == Arch::kDeepNorm
+                  ? tpnorm::deepnorm_alpha(layers, tpnorm::DeepNormStack::kEncoder)
+                  : 1.0) {
+    const double init = ar == Arch::kDeepNorm ? std::pow(8.0 * layers, -0.25) : 1.0;
+    for (int l = 0; l < layers; ++l) mlps.emplace_back(tp, F, l, init);
+    norms.assign(layers + (ar == Arch::kPre ? 1 : 0), ShardedNorm(rms, tp.me().n));
+  }
 
-  Vec forward(Tp& tp, const Vec& h) {
-    if (arch == Arch::kPre) {
-      Vec z = mlp.forward(tp, norm.forward(tp, h));
-      for (size_t i = 0; i < z.size(); ++i) z[i] += h[i];
-      return z;
+  Vec forward(Tp& tp, const Vec& x) {
+    const size_t L = mlps.size();
+    if (arch != Arch::kPre) {
+      Vec h = x;
+      for (size_t l = 0; l < L; ++l)
+        h = norms[l].add_forward(tp, h, mlps[l].forward(tp, h), alpha);
+      return h;
     }
-    Vec s = mlp.forward(tp, h);
-    for (size_t i = 0; i < s.size(); ++i) s[i] += static_cast<float>(alpha * h[i]);
-    return norm.forward(tp, s);
-  }
-  Vec backward(Tp& tp, const Vec& dout) {
-    if (arch == Arch::kPre) {
-      Vec dh = norm.backward(tp, mlp.backward(tp, dout));
-      for (size_t i = 0; i < dh.size(); ++i) dh[i] += dout[i];
-      return dh;
+    Vec y = norms[0].forward(tp, x);
+    const Vec* h = &x;  // the residual stream entering block l
+    for (size_t l = 0; l < L; ++l) {
+      y = norms[l + 1].add_forward(tp, *h, mlps[l].forward(tp, y), 1.0);
+      h = &norms[l + 1].h;
     }
-    const Vec ds = norm.backward(tp, dout);
-    Vec dh = mlp.backward(tp, ds);
-    for (size_t i = 0; i < dh.size(); ++i) dh[i] += static_cast<float>(alpha * ds[i]);
-    return dh;
+    return y;
   }
+
+  // Backward from dL/d(output); the gradient of the input x is not needed.
+  void backward(Tp& tp, const Vec& dout) {
+    const size_t L = mlps.size();
+    if (arch != Arch::kPre) {
+      Vec dh = dout;
+      for (size_t l = L; l-- > 0;) {
+        auto [dx, df] = norms[l].add_backward(tp, dh, {}, alpha);
+        dh = mlps[l].backward(tp, df);
+        for (size_t i = 0; i < dh.size(); ++i) dh[i] += dx[i];
+      }
+      return;
+    }
+    Vec dy = dout, extra;  // extra: dL/dh of block l+1's stream through its skip connection
+    for (size_t l = L; l-- > 0;) {
+      auto [dx, df] = norms[l + 1].add_backward(tp, dy, extra, 1.0);
+      dy = mlps[l].backward(tp, df);
+      extra = std::move(dx);
+    }
+    norms[0].backward(tp, dy);  // for norms[0]'s dgamma / dbeta
+  }
+
   void step(double lr) {
-    norm.step(lr);
-    mlp.step(lr);
+    for (auto& n : norms) n.step(lr);
+    for (auto& m : mlps) m.step(lr);
   }
 };
 
@@ -276,9 +354,7 @@ int main(int argc, char** argv) {
           static_cast<float>(std::tanh(X[t * tp.H + (c + 1) % tp.H] - 0.5 * X[t * tp.H + c])));
     }
 
-  std::vector<Block> blocks;
-  for (int l = 0; l < layers; ++l) blocks.emplace_back(tp, arch, rms, F, l, layers);
-  ShardedNorm final_norm(rms, me.n);  // pre-LN only: the stream itself is not normalised
+  Model model(tp, arch, rms, F, layers);
   if (tp.rank == 0)
     std::printf("tp_transformer_block: %d ranks, arch %s, %s, T=%lld H=%lld F=%lld, %d layers\n",
                 tp.P, arch_name.c_str(), norm_name.c_str(), (long long)tp.T, (long long)tp.H,
@@ -286,9 +362,7 @@ int main(int argc, char** argv) {
 
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
-    Vec h = x;
-    for (auto& b : blocks) h = b.forward(tp, h);
-    if (arch == Arch::kPre) h = final_norm.forward(tp, h);
+    const Vec h = model.forward(tp, x);
     double loss = 0;
     Vec dh(h.size());
     const double n = double(tp.T * tp.H);
@@ -300,10 +374,8 @@ int main(int argc, char** argv) {
     losses.push_back(loss);
     if (tp.rank == 0) std::printf("step %3d  loss %.9f\n", step, loss);
 
-    if (arch == Arch::kPre) dh = final_norm.backward(tp, dh);
-    for (int l = layers - 1; l >= 0; --l) dh = blocks[l].backward(tp, dh);
-    for (auto& b : blocks) b.step(lr);
-    if (arch == Arch::kPre) final_norm.step(lr);
+    model.backward(tp, dh);
+    model.step(lr);
   }
   const int status = finish_losses(f, losses, tp.rank);
   tp.norm_comm.reset();  // frees tpnorm's duplicate of the group before MPI_Finalize
