@@ -19,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 
 #include "batch_norm_reference.h"
 #include "batched_runner.h"
