@@ -9,8 +9,9 @@
 // multi-rank equivalence tests of each op (tests/mpi/test_*_equiv.cpp):
 //   y, h: r + r;  mean: 1e-6 + 1e-6;  rstd / invstd: 1e-6 rel (1e-5 for SyncBatchNorm, as in
 //   its equivalence test), widened for the fused and batched row statistics by the float32
-//   block-sum bound of row_stat_tol below;  dx, df: r*max(1, rs) (times alpha for the
-//   fused dx) + 10r;  dgamma, dbeta: r*(values summed) + r;  running statistics: 1e-6 + 1e-5.
+//   block-sum bound of row_stat_tolerance (tests/support/reference.h);  dx, df: r*max(1, rs)
+//   (times alpha for the fused dx) + 10r;  dgamma, dbeta: r*(values summed) + r;  running
+//   statistics: 1e-6 + 1e-5.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -70,42 +71,6 @@ std::vector<double> cols(const std::vector<double>& m, int64_t rows, int64_t n, 
   return out;
 }
 double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
-
-// Tolerances of a row op's saved statistics. The robust row kernels (kernels/cpu/row_norm.cpp)
-// sum d = x - p and d^2 in float32 blocks around each shard's first element p (0 for RMSNorm):
-// up to ~16 float roundings of sum |d| and sum d^2. With mu the row mean, the error of var is
-// then at most 16 u (sum d^2 + 2 |p - mu| sum |d|) / n, u = 2^-24, which exceeds the fixed 1e-6
-// of the equivalence tests when a shard's first element lies far from the mean (seen: p 2.5
-// standard deviations out, rstd off by 1.4e-6 relative). Returns the largest over rows of
-// {1e-6 + 16 u sum |d| / n (mean, absolute), 1e-6 + that var error * rstd^2 (rstd, relative)}.
-struct StatTol {
-  double mean_atol = 1e-6, rstd_rtol = 1e-6;
-};
-StatTol row_stat_tol(bool centered, const std::vector<float>& x, int64_t R, int64_t H,
-                     const Split& sp, const RowRef& ref) {
-  const double u16 = 16 * 0x1p-24;
-  StatTol t;
-  for (int64_t r = 0; r < R; ++r) {
-    const double mu = centered ? ref.mean[r] : 0.0;
-    double abs_d = 0, sq_d = 0, cross = 0;
-    for (size_t k = 0; k < sp.count.size(); ++k) {
-      if (sp.count[k] == 0) continue;
-      const double p = centered ? x[r * H + sp.offset[k]] : 0.0;
-      double a = 0;
-      for (int64_t j = sp.offset[k]; j < sp.offset[k] + sp.count[k]; ++j) {
-        const double d = x[r * H + j] - p;
-        a += std::fabs(d);
-        sq_d += d * d;
-      }
-      abs_d += a;
-      cross += 2 * std::fabs(p - mu) * a;
-    }
-    const double rs2 = ref.rstd[r] * ref.rstd[r];
-    t.mean_atol = std::max(t.mean_atol, 1e-6 + u16 * abs_d / H);
-    t.rstd_rtol = std::max(t.rstd_rtol, 1e-6 + u16 * (sq_d + cross) / H * rs2);
-  }
-  return t;
-}
 
 // ---- SyncBatchNorm: one training step (forward + backward) over this rank's samples --------
 struct BnCase {
@@ -305,7 +270,8 @@ PropertyCase draw_fused(std::mt19937_64& g, int P) {
         fused_reference(st.centered, x, f, st.alpha, one.h, R, H, gamma, beta, kEps, dy, ex);
     const double rt = storage_rtol(dt);
     const double gtol = rt * std::max(1.0, max_of(ref.norm.rstd));
-    const StatTol stol = row_stat_tol(st.centered, one.h, R, H, sp, ref.norm);
+    const RowStatTol stol =
+        row_stat_tolerance(st.centered, one.h, R, H, sp.offset, sp.count, ref.norm);
     int64_t wrong = count_wrong("h", got.h, cols(ref.h, R, H, c0, h), rt, rt) +
                     count_wrong("y", got.y, cols(ref.norm.y, R, H, c0, h), rt, rt) +
                     count_wrong("rstd", got.rstd, ref.norm.rstd, 0, stol.rstd_rtol) +
@@ -349,7 +315,7 @@ PropertyCase draw_batched(std::mt19937_64& g, int P) {
     std::vector<BatchedItem> items;
     std::vector<RowRef> refs;
     std::vector<Split> splits;
-    std::vector<StatTol> stols;
+    std::vector<RowStatTol> stols;
     for (size_t i = 0; i < specs.size(); ++i) {
       const ItemSpec& s = specs[i];
       const uint64_t sd = seed * 8 + i;
@@ -360,7 +326,8 @@ PropertyCase draw_batched(std::mt19937_64& g, int P) {
       const auto beta = if_present(s.affine && s.centered, s.dt, normal(sd, 3, H));
       refs.push_back(row_norm_reference(s.centered, x, R, H, gamma, beta, kEps, dy));
       splits.push_back(split_weighted(H, s.weights));
-      stols.push_back(row_stat_tol(s.centered, x, R, H, splits[i], refs[i]));
+      stols.push_back(
+          row_stat_tolerance(s.centered, x, R, H, splits[i].offset, splits[i].count, refs[i]));
       const int64_t c0 = splits[i].offset[comm.rank()], h = splits[i].count[comm.rank()];
       auto mine = [&](const std::vector<float>& m, int64_t rows) {
         return m.empty() ? m : columns(m, rows, H, c0, h);
