@@ -29,4 +29,13 @@ decltype(auto) dispatch_acc(DType t, Fn&& fn) {
   return std::forward<Fn>(fn)(float{});
 }
 
+/// fn(T{}, W{}, S{}): the storage type, the wire (accumulation) type and the saved-statistics
+/// type of one kernel call, dispatched together.
+template <class Fn>
+void dispatch_kernel_types(DType storage, DType wire, DType stats, Fn&& fn) {
+  dispatch_storage(storage, [&](auto t) {
+    dispatch_acc(wire, [&](auto w) { dispatch_acc(stats, [&](auto s) { fn(t, w, s); }); });
+  });
+}
+
 }  // namespace tpnorm::detail

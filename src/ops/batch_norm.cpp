@@ -229,11 +229,7 @@ void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const Te
   call.prepare(static_cast<size_t>(2 * a.c), static_cast<double>(a.n * a.inner));
   if (!opt.training) call.throw_if_failed_locally(comm.rank());
   auto run = [&](auto&& body) {
-    dispatch_storage(x.dtype, [&](auto t) {
-      dispatch_acc(call.wire(), [&](auto w) {
-        dispatch_acc(save_mean.dtype, [&](auto s) { body(t, w, s); });
-      });
-    });
+    detail::dispatch_kernel_types(x.dtype, call.wire(), save_mean.dtype, body);
   };
   // This rank's partials, kept for dgamma / dbeta (local sums) before the payload is summed.
   std::vector<double> local_stats(static_cast<size_t>(2 * a.c));

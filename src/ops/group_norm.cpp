@@ -118,18 +118,14 @@ void group_norm_forward(Communicator& comm, const TensorView& x, const ChannelGr
   check_tiling(call, g, op);
   const double count = static_cast<double>(a.cpg) * static_cast<double>(g.spatial);
   detail::check_naive_count(opt.stats, count);
-  detail::dispatch_storage(x.dtype, [&](auto t) {
-    detail::dispatch_acc(call.wire(), [&](auto w) {
-      detail::dispatch_acc(sdt, [&](auto s) {
-        using T = decltype(t);
-        using W = decltype(w);
-        using S = decltype(s);
-        kc::group_apply_forward<T, W, S>(
-            a, static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
-            static_cast<const T*>(beta.data), call.payload<W>(), count, opt.eps,
-            static_cast<T*>(y.data), static_cast<S*>(mean.data), static_cast<S*>(rstd.data));
-      });
-    });
+  detail::dispatch_kernel_types(x.dtype, call.wire(), sdt, [&](auto t, auto w, auto s) {
+    using T = decltype(t);
+    using W = decltype(w);
+    using S = decltype(s);
+    kc::group_apply_forward<T, W, S>(
+        a, static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
+        static_cast<const T*>(beta.data), call.payload<W>(), count, opt.eps,
+        static_cast<T*>(y.data), static_cast<S*>(mean.data), static_cast<S*>(rstd.data));
   });
 }
 
@@ -152,11 +148,7 @@ void group_norm_backward(Communicator& comm, const TensorView& dy, const TensorV
   const kc::GroupNormArgs a = g.args(cg, opt.num_threads);
   std::vector<double> dparams(static_cast<size_t>(2 * (g.c_local > 0 ? g.c_local : 0)));
   auto run = [&](auto&& body) {
-    detail::dispatch_storage(x.dtype, [&](auto t) {
-      detail::dispatch_acc(call.wire(), [&](auto w) {
-        detail::dispatch_acc(rstd.dtype, [&](auto s) { body(t, w, s); });
-      });
-    });
+    detail::dispatch_kernel_types(x.dtype, call.wire(), rstd.dtype, body);
   };
   if (!call.failed()) {
     run([&](auto t, auto w, auto s) {

@@ -88,19 +88,15 @@ void forward(const char* op, bool centered, Communicator& comm, const TensorView
   check_naive_count(call, opt);
 
   const DType sdt = rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);
-  detail::dispatch_storage(x.dtype, [&](auto t) {
+  detail::dispatch_kernel_types(x.dtype, call.wire(), sdt, [&](auto t, auto w, auto s) {
     using T = decltype(t);
-    detail::dispatch_acc(call.wire(), [&](auto w) {
-      using W = decltype(w);
-      detail::dispatch_acc(sdt, [&](auto s) {
-        using S = decltype(s);
-        kc::row_apply_forward<T, W, S>(
-            a, static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
-            static_cast<const T*>(beta.data), call.payload<W>(), call.global_count(), opt.eps,
-            static_cast<T*>(y.data), centered ? static_cast<S*>(mean.data) : nullptr,
-            static_cast<S*>(rstd.data));
-      });
-    });
+    using W = decltype(w);
+    using S = decltype(s);
+    kc::row_apply_forward<T, W, S>(
+        a, static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
+        static_cast<const T*>(beta.data), call.payload<W>(), call.global_count(), opt.eps,
+        static_cast<T*>(y.data), centered ? static_cast<S*>(mean.data) : nullptr,
+        static_cast<S*>(rstd.data));
   });
 }
 
@@ -132,11 +128,7 @@ void backward(const char* op, bool centered, Communicator& comm, const TensorVie
   call.prepare(static_cast<size_t>(g.rows > 0 ? g.rows * per_row : 0), static_cast<double>(g.h));
   const kc::RowNormArgs a{g.rows, g.h, centered, opt.num_threads, fused_at(comm)};
   auto run = [&](auto&& body) {
-    detail::dispatch_storage(x.dtype, [&](auto t) {
-      detail::dispatch_acc(call.wire(), [&](auto w) {
-        detail::dispatch_acc(rstd.dtype, [&](auto s) { body(t, w, s); });
-      });
-    });
+    detail::dispatch_kernel_types(x.dtype, call.wire(), rstd.dtype, body);
   };
   if (!call.failed() && !a.fused) {
     run([&](auto t, auto w, auto s) {
