@@ -5,48 +5,49 @@
 // exact or one rounding of a small number, so xhat keeps float accuracy even when |mean| is
 // 1e4 times the standard deviation.
 //
-// Speed (fp32 is the hot path; fp16/bf16 take the same code through scalar conversions):
-// - Row sums run in float32 SIMD lanes over blocks of kBlock elements and each block's sum is
-//   added in W. Converting every element to double would halve the SIMD width; a block keeps
-//   the error of a float sum of kBlock / lanes terms (at most ~16 roundings, relative to the
-//   block's sum of |terms|), and the robust forward sums d = x - pivot around the row's first
-//   element, so 1e4 + N(0,1) still loses nothing (d is small and exact there).
-// - With a.fused (one rank: the reduce is the identity) each row's statistics are computed in
-//   the apply loop while the row is still in L1/L2: one pass over memory instead of two.
-// - Outputs larger than the last-level cache are written with streaming stores (staged per row
-//   in L1, see stream_store.h), which saves the read-for-ownership of every output line.
+// Speed (fp32 is the hot path; fp16/bf16 run the same formulas through lane-wise conversions):
+// - Loops are explicit float32 vectors (simd.h, loops.h): row sums in float32 lanes with two
+//   accumulator chains over blocks of kBlock elements, each block's sum added in W. Converting
+//   every element to double would halve the SIMD width; the robust forward sums d = x - pivot
+//   around the row's first element, so 1e4 + N(0,1) still loses nothing (d is small and exact).
+// - With a.fused (one rank: the reduce is the identity) each row's statistics are computed just
+//   before its apply loop, while the row is in L1/L2: one pass over memory instead of two.
+// - The apply loop prefetches the next row, so its memory reads overlap this row's arithmetic
+//   and writes (one thread otherwise waits on memory while it sums the next row); outputs
+//   larger than the last-level cache are written with streaming stores straight from registers.
+// - dgamma/dbeta are summed in float32 for kParamRows rows at a time, then added in double:
+//   the double accumulators (16 bytes a column) are touched once per block, not once per row.
 #include "kernels/cpu/row_norm.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <vector>
 
 #include "common/half.h"
-#include "kernels/cpu/stream_store.h"
+#include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
 namespace {
 
-constexpr int64_t kBlock = 128;
+// Rows whose float32 dgamma/dbeta sums are added into the double ones at a time.
+constexpr int kParamRows = 16;
 
 int thread_count(const RowNormArgs& a) {
   const int t = a.threads > 0 ? a.threads : omp_get_max_threads();
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, a.rows)));
 }
 
-// Streaming stores pay off only when the output cannot stay in the last-level cache anyway.
 template <class T>
-bool stream_output(const RowNormArgs& a) {
-  if (!std::is_same_v<T, float>) return false;
-  static const int64_t llc = [] {
-    const long b = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return b > 0 ? static_cast<int64_t>(b) : int64_t{32} << 20;
-  }();
-  return a.rows * a.h * static_cast<int64_t>(sizeof(T)) >= llc;
+bool stream_rows(const RowNormArgs& a) {
+  return stream_output<T>(a.rows * a.h * static_cast<int64_t>(sizeof(T)));
+}
+
+// Row r + 1 of base (the prefetch target while row r is written), or null after the last row.
+template <class T>
+const T* next_row(const RowNormArgs& a, const T* base, int64_t r) {
+  return r + 1 < a.rows ? base + (r + 1) * a.h : nullptr;
 }
 
 // The exact split of a mean into float head + float tail.
@@ -54,42 +55,6 @@ template <class S>
 inline void split_mean(S mean, float& head, float& tail) {
   head = static_cast<float>(mean);
   tail = static_cast<float>(static_cast<double>(mean) - static_cast<double>(head));
-}
-
-// (s1, s2) = sums over j < h of term(j) -> (u, v): float32 lanes per block, W across blocks.
-template <class W, class Term>
-inline void block_sums(int64_t h, Term term, W& s1, W& s2) {
-  W a1 = 0, a2 = 0;
-  for (int64_t j0 = 0; j0 < h; j0 += kBlock) {
-    const int64_t j1 = std::min(h, j0 + kBlock);
-    float f1 = 0, f2 = 0;
-#pragma omp simd reduction(+ : f1, f2)
-    for (int64_t j = j0; j < j1; ++j) {
-      float u, v;
-      term(j, u, v);
-      f1 += u;
-      f2 += v;
-    }
-    a1 += f1;
-    a2 += f2;
-  }
-  s1 = a1;
-  s2 = a2;
-}
-
-// Writes value(j) for j < h to dst: directly, or staged in `stage` and streamed.
-template <class T, class Value>
-inline void write_row(T* dst, int64_t h, float* stage, Value value) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (stage) {
-#pragma omp simd
-      for (int64_t j = 0; j < h; ++j) stage[j] = value(j);
-      stream_copy(dst, stage, h);
-      return;
-    }
-  }
-#pragma omp simd
-  for (int64_t j = 0; j < h; ++j) dst[j] = from_float<T>(value(j));
 }
 
 // One row's forward partial: centred {sum x, sum x^2} or RMS {sum x^2} into st.
@@ -101,18 +66,19 @@ inline void forward_sums(const RowNormArgs& a, const T* xr, W* st) {
       // Accumulate around a pivot from the row itself, then shift back exactly enough.
       const float pivot = a.centered ? to_float(xr[0]) : 0.0f;
       double d1, d2;
-      block_sums<double>(a.h, [=](int64_t j, float& u, float& v) {
-        const float d = to_float(xr[j]) - pivot;
-        u = d;
-        v = d * d;
+      block_sums<double>(a.h, [=](int64_t j, auto tag) {
+        using V = decltype(tag);
+        const V d = load_as<V>(xr + j) - splat<V>(pivot);
+        return Two<V>{d, d * d};
       }, d1, d2);
       const double p = pivot, hh = static_cast<double>(a.h);
       s1 = p * hh + d1;
       s2 = d2 + 2.0 * p * d1 + p * p * hh;
     } else {
-      block_sums<float>(a.h, [=](int64_t j, float& u, float& v) {
-        u = to_float(xr[j]);
-        v = u * u;
+      block_sums<float>(a.h, [=](int64_t j, auto tag) {
+        using V = decltype(tag);
+        const V u = load_as<V>(xr + j);
+        return Two<V>{u, u * u};
       }, s1, s2);
     }
   }
@@ -124,15 +90,23 @@ inline void forward_sums(const RowNormArgs& a, const T* xr, W* st) {
   }
 }
 
+// xhat at j of a row: ((x - mh) - mt) * rs, lane-wise.
+template <class V, class T>
+inline V xhat_at(const T* xr, int64_t j, float mh, float mt, float rs) {
+  return ((load_as<V>(xr + j) - splat<V>(mh)) - splat<V>(mt)) * splat<V>(rs);
+}
+
 // One row's backward partial: centred {sum g, sum g*xhat} or RMS {sum g*xhat} into st.
 template <class T, class W>
 inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const T* gamma,
                           float mh, float mt, float rs, W* st) {
   W sg, sgx;
-  block_sums<W>(a.h, [=](int64_t j, float& u, float& v) {
-    const float xhat = ((to_float(xr[j]) - mh) - mt) * rs;
-    u = to_float(dyr[j]) * (gamma ? to_float(gamma[j]) : 1.0f);
-    v = u * xhat;
+  block_sums<W>(a.h, [=](int64_t j, auto tag) {
+    using V = decltype(tag);
+    const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
+    const V d = load_as<V>(dyr + j);
+    const V g = gamma ? d * load_as<V>(gamma + j) : d;
+    return Two<V>{g, g * xhat};
   }, sg, sgx);
   if (a.centered) {
     st[0] = sg;
@@ -156,10 +130,9 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T
                        W* stats, double n, double eps, T* y, S* mean, S* rstd) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
-  const bool stream = stream_output<T>(a);
+  const bool stream = stream_rows<T>(a);
 #pragma omp parallel num_threads(thread_count(a))
   {
-    std::vector<float> stage(stream ? static_cast<size_t>(h) : 0);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
       const T* xr = x + r * h;
@@ -181,12 +154,14 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T
       float mh, mt;
       split_mean(mu, mh, mt);
       const float rs = static_cast<float>(rs_w);
-      write_row(y + r * h, h, stream ? stage.data() : nullptr, [=](int64_t j) {
-        const float xhat = ((to_float(xr[j]) - mh) - mt) * rs;
-        const float g = gamma ? to_float(gamma[j]) : 1.0f;
-        const float b = beta ? to_float(beta[j]) : 0.0f;
-        return xhat * g + b;
-      });
+      write_row(y + r * h, h, stream, next_row(a, x, r), static_cast<const T*>(nullptr),
+                [=](int64_t j, auto tag) {
+                  using V = decltype(tag);
+                  const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
+                  const V g = gamma ? load_as<V>(gamma + j) : splat<V>(1.0f);
+                  const V b = beta ? load_as<V>(beta + j) : splat<V>(0.0f);
+                  return fmadd(xhat, g, b);
+                });
     }
     if (stream) stream_fence();
   }
@@ -214,7 +189,7 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
   const int k = a.centered ? 2 : 1;
   const int nt = thread_count(a);
   const bool params = dgamma || dbeta;
-  const bool stream = stream_output<T>(a);
+  const bool stream = stream_rows<T>(a);
   // Per-thread column sums in double, added in a fixed order: deterministic for a thread count.
   std::vector<double> acc(params ? static_cast<size_t>(nt) * 2 * h : 0, 0.0);
 #pragma omp parallel num_threads(nt)
@@ -222,7 +197,20 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
     const int t = omp_get_thread_num();
     double* dg = params ? acc.data() + static_cast<size_t>(t) * 2 * h : nullptr;
     double* db = params ? dg + h : nullptr;
-    std::vector<float> stage(stream ? static_cast<size_t>(h) : 0);
+    // This thread's float32 sums over its last (< kParamRows) rows.
+    std::vector<float> part(params ? static_cast<size_t>(2) * h : 0, 0.0f);
+    float* dgf = part.data();
+    float* dbf = dgf + (params ? h : 0);
+    int pending = 0;
+    auto flush = [&] {
+      for (int64_t j = 0; j < h; ++j) {
+        dg[j] += dgf[j];
+        db[j] += dbf[j];
+        dgf[j] = 0;
+        dbf[j] = 0;
+      }
+      pending = 0;
+    };
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
       float mh = 0, mt = 0;
@@ -234,17 +222,21 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
       if (a.fused) backward_sums(a, dyr, xr, gamma, mh, mt, rs, st);
       const float c1 = a.centered ? static_cast<float>(st[0] / static_cast<W>(n)) : 0.0f;
       const float c2 = static_cast<float>(st[k - 1] / static_cast<W>(n));
-      write_row(dx + r * h, h, stream ? stage.data() : nullptr, [=](int64_t j) {
-        const float xhat = ((to_float(xr[j]) - mh) - mt) * rs;
-        const float d = to_float(dyr[j]);
-        const float g = d * (gamma ? to_float(gamma[j]) : 1.0f);
-        if (params) {
-          dg[j] += static_cast<double>(d * xhat);
-          db[j] += d;
-        }
-        return rs * (g - c1 - xhat * c2);
-      });
+      write_row(dx + r * h, h, stream, next_row(a, x, r), next_row(a, dy, r),
+                [=](int64_t j, auto tag) {
+                  using V = decltype(tag);
+                  const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
+                  const V d = load_as<V>(dyr + j);
+                  const V g = gamma ? d * load_as<V>(gamma + j) : d;
+                  if (params) {
+                    store_as(dgf + j, fmadd(d, xhat, load_as<V>(dgf + j)));
+                    store_as(dbf + j, load_as<V>(dbf + j) + d);
+                  }
+                  return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
+                });
+      if (params && ++pending == kParamRows) flush();
     }
+    if (params && pending > 0) flush();
     if (stream) stream_fence();
   }
   if (!params) return;

@@ -1,0 +1,118 @@
+// loops.h — the two loops every CPU norm kernel is made of, over a contiguous run of h
+// elements: block_sums (two float sums, accumulated in W across blocks) and write_row
+// (an element formula to an output, with optional streaming stores and prefetching).
+// Formulas are generic lambdas f(j, V{}) over V = vf (the lanes at j) or float (element j).
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <type_traits>
+
+#include "kernels/cpu/simd.h"
+
+namespace tpnorm::kernels::cpu {
+
+/// Two lane-wise values of a term.
+template <class V>
+struct Two {
+  V a, b;
+};
+
+/// Elements per float32 block of block_sums: two chains of 16 vectors per lane, so each lane's
+/// float sum has at most 16 roundings before the block's sum is added in W.
+constexpr int64_t kBlock = 32 * vf::L;
+
+/// (s1, s2) = sums over j < h of term(j, V{}) -> Two<V>: float32 lanes within a block of
+/// kBlock elements, W across blocks. Two independent accumulators per sum, so the adds are not
+/// one latency-bound chain.
+template <class W, class Term>
+inline void block_sums(int64_t h, Term term, W& s1, W& s2) {
+  constexpr int64_t L = vf::L;
+  W a1 = 0, a2 = 0;
+  for (int64_t j0 = 0; j0 < h; j0 += kBlock) {
+    const int64_t j1 = std::min(h, j0 + kBlock);
+    vf u0 = vsplat(0), v0 = vsplat(0), u1 = vsplat(0), v1 = vsplat(0);
+    int64_t j = j0;
+    for (; j + 2 * L <= j1; j += 2 * L) {
+      const Two<vf> p = term(j, vf{}), q = term(j + L, vf{});
+      u0 += p.a;
+      v0 += p.b;
+      u1 += q.a;
+      v1 += q.b;
+    }
+    for (; j + L <= j1; j += L) {
+      const Two<vf> p = term(j, vf{});
+      u0 += p.a;
+      v0 += p.b;
+    }
+    float f1 = hsum(u0 + u1), f2 = hsum(v0 + v1);
+    for (; j < j1; ++j) {
+      const Two<float> p = term(j, 0.0f);
+      f1 += p.a;
+      f2 += p.b;
+    }
+    a1 += f1;
+    a2 += f2;
+  }
+  s1 = a1;
+  s2 = a2;
+}
+
+/// The last-level cache in bytes: sysfs first (glibc's sysconf reports 320 MiB for this VM's
+/// 32 MiB L3, which disabled streaming for every benchmark shape), then sysconf, then 32 MiB.
+inline int64_t last_level_cache_bytes() {
+  static const int64_t bytes = [] {
+    int64_t b = 0;
+    if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+      long v = 0;
+      char unit = 0;
+      if (std::fscanf(f, "%ld%c", &v, &unit) >= 1)
+        b = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
+      std::fclose(f);
+    }
+    if (b <= 0) b = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return b > 0 ? b : int64_t{32} << 20;
+  }();
+  return bytes;
+}
+
+/// Whether an output of `bytes` should bypass the caches: streaming stores skip the
+/// read-for-ownership of each output line, but only pay off when the output cannot stay in the
+/// last-level cache anyway. float32 only (the fp16/bf16 path stores lane by lane).
+template <class T>
+bool stream_output(int64_t bytes) {
+  return std::is_same_v<T, float> && bytes >= last_level_cache_bytes();
+}
+
+/// dst[j] = value(j) for j < h. stream: streaming stores straight from registers (the caller
+/// ends the batch with stream_fence()). pf1/pf2 (may be null): inputs the caller reads next
+/// (e.g. the next row), prefetched one vector per vector written, so that their memory reads
+/// overlap this row's arithmetic and writes instead of following them.
+template <class T, class Value>
+inline void write_row(T* dst, int64_t h, bool stream, const T* pf1, const T* pf2, Value value) {
+  constexpr int64_t L = vf::L;
+  int64_t j = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    if (stream)
+      for (; j < h && (reinterpret_cast<uintptr_t>(dst + j) & 63) != 0; ++j)
+        dst[j] = value(j, 0.0f);
+  }
+  for (; j + L <= h; j += L) {
+    if (pf1) __builtin_prefetch(pf1 + j);
+    if (pf2) __builtin_prefetch(pf2 + j);
+    const vf v = value(j, vf{});
+    if constexpr (std::is_same_v<T, float>) {
+      if (stream) {
+        vstream(dst + j, v);
+        continue;
+      }
+    }
+    store_as(dst + j, v);
+  }
+  for (; j < h; ++j) store_as(dst + j, value(j, 0.0f));
+}
+
+}  // namespace tpnorm::kernels::cpu

@@ -1,0 +1,114 @@
+// simd.h — a minimal float32 vector for the CPU kernels: AVX-512 (16 lanes), AVX2 (8 lanes) or
+// one scalar lane, chosen at compile time (-march=native by default).
+//
+// Why explicit vectors: the compiler's `omp simd` loops over lambdas kept one accumulator chain
+// per sum, a horizontal reduction per block, and could not put streaming stores or prefetches in
+// the loop. Kernels write their element formula once as a generic lambda over V = vf or float
+// (lane-wise operators exist for both), run it over full vectors and then over the scalar tail.
+// load_as / store_as convert fp16/bf16 lane by lane (a generic, slower path; fp32 is the fast one).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/half.h"
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace tpnorm::kernels::cpu {
+
+#if defined(__AVX512F__)
+struct vf {
+  static constexpr int L = 16;
+  __m512 v;
+};
+inline vf vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a.v); }
+inline void vstream(float* p, vf a) { _mm512_stream_ps(p, a.v); }  // p: 64-byte aligned
+inline vf vsplat(float s) { return {_mm512_set1_ps(s)}; }
+inline vf operator+(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline vf operator-(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline vf operator*(vf a, vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline vf fmadd(vf a, vf b, vf c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline float hsum(vf a) { return _mm512_reduce_add_ps(a.v); }
+#elif defined(__AVX2__)
+struct vf {
+  static constexpr int L = 8;
+  __m256 v;
+};
+inline vf vload(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a.v); }
+inline void vstream(float* p, vf a) { _mm256_stream_ps(p, a.v); }  // p: 32-byte aligned
+inline vf vsplat(float s) { return {_mm256_set1_ps(s)}; }
+inline vf operator+(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline vf operator-(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline vf operator*(vf a, vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline vf fmadd(vf a, vf b, vf c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+inline float hsum(vf a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+struct vf {
+  static constexpr int L = 1;
+  float v;
+};
+inline vf vload(const float* p) { return {*p}; }
+inline void vstore(float* p, vf a) { *p = a.v; }
+inline void vstream(float* p, vf a) { *p = a.v; }
+inline vf vsplat(float s) { return {s}; }
+inline vf operator+(vf a, vf b) { return {a.v + b.v}; }
+inline vf operator-(vf a, vf b) { return {a.v - b.v}; }
+inline vf operator*(vf a, vf b) { return {a.v * b.v}; }
+inline vf fmadd(vf a, vf b, vf c) { return {a.v * b.v + c.v}; }
+inline float hsum(vf a) { return a.v; }
+#endif
+inline vf& operator+=(vf& a, vf b) { return a = a + b; }
+inline float fmadd(float a, float b, float c) { return a * b + c; }
+
+/// Orders earlier streaming stores before later loads/stores (e.g. before another thread reads).
+inline void stream_fence() {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  _mm_sfence();
+#endif
+}
+
+/// splat<V>(s): s in every lane of V (vf or float).
+template <class V>
+inline V splat(float s) {
+  if constexpr (std::is_same_v<V, vf>) return vsplat(s);
+  else return s;
+}
+
+/// V::L (or 1) elements of T at p, as float lanes.
+template <class V, class T>
+inline V load_as(const T* p) {
+  if constexpr (!std::is_same_v<V, vf>) {
+    return to_float(*p);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return vload(p);
+  } else {
+    alignas(64) float b[vf::L];
+    for (int l = 0; l < vf::L; ++l) b[l] = to_float(p[l]);
+    return vload(b);
+  }
+}
+
+/// Stores the lanes of v at p as T (rounding once per element).
+template <class T, class V>
+inline void store_as(T* p, V v) {
+  if constexpr (!std::is_same_v<V, vf>) {
+    *p = from_float<T>(v);
+  } else if constexpr (std::is_same_v<T, float>) {
+    vstore(p, v);
+  } else {
+    alignas(64) float b[vf::L];
+    vstore(b, v);
+    for (int l = 0; l < vf::L; ++l) p[l] = from_float<T>(b[l]);
+  }
+}
+
+}  // namespace tpnorm::kernels::cpu
