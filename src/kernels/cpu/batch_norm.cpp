@@ -1,57 +1,70 @@
 // batch_norm.cpp — CPU kernels for SyncBatchNorm; see batch_norm.h.
 //
-// Two traversals serve every kernel: NCHW walks one channel's n runs of `inner` contiguous
-// values (threads over channels); channels-last walks rows of c channels (threads over rows,
-// per-thread per-channel accumulators added in a fixed order, so results are deterministic for
-// a thread count). Element work is float32; statistics are W (double in the robust mode).
-// x - mean is formed as (x - head) - tail with mean = head + tail split into floats, as in
-// row_norm.cpp, so xhat keeps float accuracy when |mean| >> std.
+// Two traversals serve every kernel, both as contiguous float32 vector loops (loops.h):
+// NCHW walks (sample, channel) planes of `inner` contiguous values, a channel's constants
+// splatted over the lanes (sums: threads over channels; apply: threads over planes);
+// channels-last walks rows of c channels, vectorised across channels, the constants loaded per
+// lane (threads over rows; per-thread per-channel float32 sums over kRows rows, added into W
+// accumulators, which are added in a fixed order: deterministic for a thread count). The apply
+// loops prefetch the input ~4 KiB ahead and stream outputs larger than the last-level cache.
+// Element work is float32; statistics are W (double in the robust mode). x - mean is formed as
+// (x - head) - tail with mean = head + tail split into floats, as in row_norm.cpp, so xhat
+// keeps float accuracy when |mean| >> std.
 #include "kernels/cpu/batch_norm.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <vector>
 
 #include "common/half.h"
+#include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
 namespace {
+
+// Channels-last rows summed in float32 per channel before the sums are added in W.
+constexpr int kRows = 16;
+// How far ahead the apply loops prefetch their inputs.
+constexpr int64_t kAheadBytes = 4096;
 
 int thread_count(const BatchNormArgs& a, int64_t work) {
   const int t = a.threads > 0 ? a.threads : omp_get_max_threads();
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work)));
 }
 
-// Calls f(i, ch) for every element i of channel ch, in parallel.
-template <class F>
-void for_each_element(const BatchNormArgs& a, F f) {
-  const int64_t c = a.c, inner = a.inner;
-  if (!a.channels_last) {
-    const int64_t blocks = a.n * c;
-#pragma omp parallel for num_threads(thread_count(a, blocks)) schedule(static)
-    for (int64_t bc = 0; bc < blocks; ++bc)
-      for (int64_t s = 0; s < inner; ++s) f(bc * inner + s, bc % c);
-  } else {
-    const int64_t rows = a.n * inner;
-#pragma omp parallel for num_threads(thread_count(a, rows)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t ch = 0; ch < c; ++ch) f(r * c + ch, ch);
-  }
-}
+// A channel's constant over the lanes: NCHW lanes share one channel, channels-last lanes are
+// consecutive channels starting at ch.
+struct PlaneChannel {
+  int64_t ch;
+};
+struct LaneChannels {
+  int64_t ch;
+};
+template <class V>
+inline V chan(PlaneChannel k, const float* v) { return splat<V>(v[k.ch]); }
+template <class V>
+inline V chan(LaneChannels k, const float* v) { return load_as<V>(v + k.ch); }
 
-// out[2ch], out[2ch+1] = the two sums that f(i, ch, s1, s2) adds over channel ch's elements.
-template <class A, class F>
-void channel_sums(const BatchNormArgs& a, A* out, F f) {
+// out[2ch], out[2ch+1] = the sums over channel ch's elements of term(i, k, V{}) -> Two<V>
+// (i: the element's offset, k: its channel(s), see chan).
+template <class W, class Term>
+void channel_sums(const BatchNormArgs& a, W* out, Term term) {
   const int64_t c = a.c, inner = a.inner;
   if (!a.channels_last) {
 #pragma omp parallel for num_threads(thread_count(a, c)) schedule(static)
     for (int64_t ch = 0; ch < c; ++ch) {
-      A s1 = 0, s2 = 0;
-      for (int64_t b = 0; b < a.n; ++b)
-        for (int64_t s = 0; s < inner; ++s) f((b * c + ch) * inner + s, ch, s1, s2);
+      W s1 = 0, s2 = 0;
+      for (int64_t b = 0; b < a.n; ++b) {
+        const int64_t base = (b * c + ch) * inner;
+        W p1, p2;
+        block_sums<W>(inner, [&](int64_t s, auto tag) {
+          return term(base + s, PlaneChannel{ch}, tag);
+        }, p1, p2);
+        s1 += p1;
+        s2 += p2;
+      }
       out[2 * ch] = s1;
       out[2 * ch + 1] = s2;
     }
@@ -59,23 +72,84 @@ void channel_sums(const BatchNormArgs& a, A* out, F f) {
   }
   const int64_t rows = a.n * inner;
   const int nt = thread_count(a, rows);
-  std::vector<A> acc(static_cast<size_t>(nt) * 2 * c, A(0));
+  std::vector<W> acc(static_cast<size_t>(nt) * 2 * c, W(0));
 #pragma omp parallel num_threads(nt)
   {
-    A* s1 = acc.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * c;
-    A* s2 = s1 + c;
+    W* s1 = acc.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * c;
+    W* s2 = s1 + c;
+    std::vector<float> part(static_cast<size_t>(2) * c, 0.0f);
+    float* f1 = part.data();
+    float* f2 = f1 + c;
+    int pending = 0;
+    auto flush = [&] {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        s1[ch] += f1[ch];
+        s2[ch] += f2[ch];
+        f1[ch] = f2[ch] = 0;
+      }
+      pending = 0;
+    };
+    auto add = [&](int64_t r, int64_t ch, auto tag) {
+      using V = decltype(tag);
+      const Two<V> p = term(r * c + ch, LaneChannels{ch}, tag);
+      store_as(f1 + ch, load_as<V>(f1 + ch) + p.a);
+      store_as(f2 + ch, load_as<V>(f2 + ch) + p.b);
+    };
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t ch = 0; ch < c; ++ch) f(r * c + ch, ch, s1[ch], s2[ch]);
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t ch = 0;
+      for (; ch + vf::L <= c; ch += vf::L) add(r, ch, vf{});
+      for (; ch < c; ++ch) add(r, ch, 0.0f);
+      if (++pending == kRows) flush();
+    }
+    if (pending > 0) flush();
   }
   for (int64_t ch = 0; ch < c; ++ch) {
-    A s1 = 0, s2 = 0;
+    W s1 = 0, s2 = 0;
     for (int t = 0; t < nt; ++t) {
       s1 += acc[static_cast<size_t>(t) * 2 * c + ch];
       s2 += acc[static_cast<size_t>(t) * 2 * c + c + ch];
     }
     out[2 * ch] = s1;
     out[2 * ch + 1] = s2;
+  }
+}
+
+// out[i] = value(i, k, V{}) for every element, in parallel; in1/in2 (in2 may be null) are the
+// inputs value reads, prefetched kAheadBytes ahead.
+template <class T, class Value>
+void apply_elements(const BatchNormArgs& a, const T* in1, const T* in2, T* out, Value value) {
+  const int64_t c = a.c, inner = a.inner, total = a.n * c * inner;
+  const bool stream = stream_output<T>((in2 ? 3 : 2) * total * static_cast<int64_t>(sizeof(T)));
+  // Run `len` elements from offset o, prefetching `ahead` elements further on (in range).
+  auto run = [&](int64_t o, int64_t len, int64_t ahead, auto k) {
+    const bool pf = o + ahead + len <= total;
+    write_row(out + o, len, stream, pf ? in1 + o + ahead : nullptr,
+              pf && in2 ? in2 + o + ahead : nullptr, [&](int64_t j, auto tag) {
+                auto kj = k;
+                if constexpr (std::is_same_v<decltype(k), LaneChannels>) kj.ch = j;
+                return value(o + j, kj, tag);
+              });
+  };
+  const int64_t ahead_elems = std::max<int64_t>(1, kAheadBytes / static_cast<int64_t>(sizeof(T)));
+  if (!a.channels_last) {
+    const int64_t planes = a.n * c;
+#pragma omp parallel num_threads(thread_count(a, planes))
+    {
+#pragma omp for schedule(static)
+      for (int64_t bc = 0; bc < planes; ++bc)
+        run(bc * inner, inner, std::max(inner, ahead_elems), PlaneChannel{bc % c});
+      if (stream) stream_fence();
+    }
+  } else {
+    const int64_t rows = a.n * inner;
+    const int64_t ahead = c > 0 ? std::max<int64_t>(1, ahead_elems / c) * c : 0;
+#pragma omp parallel num_threads(thread_count(a, rows))
+    {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) run(r * c, c, ahead, LaneChannels{0});
+      if (stream) stream_fence();
+    }
   }
 }
 
@@ -94,16 +168,18 @@ void split_means(int64_t c, const S* mean, std::vector<float>& head, std::vector
 
 template <class T, class W>
 void bn_partial_forward(const BatchNormArgs& a, const T* x, W* stats) {
-  // Robust: sums of d = x - pivot in double, shifted back exactly enough. Naive: pivot 0.
-  std::vector<W> pivot(a.c, W(0));
+  // Robust: sums of d = x - pivot (float lanes, W across blocks), shifted back exactly
+  // enough. Naive: pivot 0.
+  std::vector<float> pivot(a.c, 0.0f);
   const int64_t m = a.n * a.inner;
   if (std::is_same_v<W, double> && m > 0)
     for (int64_t ch = 0; ch < a.c; ++ch)
       pivot[ch] = to_float(x[a.channels_last ? ch : ch * a.inner]);
-  channel_sums<W>(a, stats, [&](int64_t i, int64_t ch, W& s1, W& s2) {
-    const W d = static_cast<W>(to_float(x[i])) - pivot[ch];
-    s1 += d;
-    s2 += d * d;
+  const float* pv = pivot.data();
+  channel_sums<W>(a, stats, [=](int64_t i, auto k, auto tag) {
+    using V = decltype(tag);
+    const V d = load_as<V>(x + i) - chan<V>(k, pv);
+    return Two<V>{d, d * d};
   });
   for (int64_t ch = 0; ch < a.c; ++ch) {
     const W p = pivot[ch], d1 = stats[2 * ch], d2 = stats[2 * ch + 1];
@@ -131,8 +207,11 @@ void bn_apply_forward(const BatchNormArgs& a, const T* x, const T* gamma, const 
     scale[ch] = static_cast<float>(invstd[ch]) * (gamma ? to_float(gamma[ch]) : 1.0f);
     shift[ch] = beta ? to_float(beta[ch]) : 0.0f;
   }
-  for_each_element(a, [&](int64_t i, int64_t ch) {
-    y[i] = from_float<T>(((to_float(x[i]) - mh[ch]) - mt[ch]) * scale[ch] + shift[ch]);
+  const float *h = mh.data(), *t = mt.data(), *sc = scale.data(), *sh = shift.data();
+  apply_elements(a, x, static_cast<const T*>(nullptr), y, [=](int64_t i, auto k, auto tag) {
+    using V = decltype(tag);
+    const V xc = (load_as<V>(x + i) - chan<V>(k, h)) - chan<V>(k, t);
+    return fmadd(xc, chan<V>(k, sc), chan<V>(k, sh));
   });
 }
 
@@ -141,10 +220,11 @@ void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const 
                          W* stats) {
   std::vector<float> mh, mt;
   split_means(a.c, mean, mh, mt);
-  channel_sums<W>(a, stats, [&](int64_t i, int64_t ch, W& sdy, W& sdyx) {
-    const float d = to_float(dy[i]);
-    sdy += d;
-    sdyx += static_cast<W>(d * ((to_float(x[i]) - mh[ch]) - mt[ch]));
+  const float *h = mh.data(), *t = mt.data();
+  channel_sums<W>(a, stats, [=](int64_t i, auto k, auto tag) {
+    using V = decltype(tag);
+    const V d = load_as<V>(dy + i);
+    return Two<V>{d, d * ((load_as<V>(x + i) - chan<V>(k, h)) - chan<V>(k, t))};
   });
 }
 
@@ -160,9 +240,11 @@ void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const T*
     c2[ch] = n > 0 ? static_cast<float>(is * is * static_cast<double>(stats[2 * ch + 1]) / n)
                    : 0.0f;
   }
-  for_each_element(a, [&](int64_t i, int64_t ch) {
-    const float xc = (to_float(x[i]) - mh[ch]) - mt[ch];
-    dx[i] = from_float<T>(k[ch] * (to_float(dy[i]) - c1[ch] - xc * c2[ch]));
+  const float *h = mh.data(), *t = mt.data(), *kk = k.data(), *k1 = c1.data(), *k2 = c2.data();
+  apply_elements(a, x, dy, dx, [=](int64_t i, auto ch, auto tag) {
+    using V = decltype(tag);
+    const V xc = (load_as<V>(x + i) - chan<V>(ch, h)) - chan<V>(ch, t);
+    return chan<V>(ch, kk) * ((load_as<V>(dy + i) - chan<V>(ch, k1)) - xc * chan<V>(ch, k2));
   });
 }
 

@@ -79,12 +79,13 @@ inline int64_t last_level_cache_bytes() {
   return bytes;
 }
 
-/// Whether an output of `bytes` should bypass the caches: streaming stores skip the
-/// read-for-ownership of each output line, but only pay off when the output cannot stay in the
-/// last-level cache anyway. float32 only (the fp16/bf16 path stores lane by lane).
+/// Whether an output should bypass the caches, given the bytes the kernel touches (inputs and
+/// output): streaming stores skip the read-for-ownership of each output line and leave the
+/// cache to the inputs (which a two-pass kernel reads again), but only pay off when the working
+/// set cannot stay in the last-level cache anyway. float32 only (fp16/bf16 store lane by lane).
 template <class T>
-bool stream_output(int64_t bytes) {
-  return std::is_same_v<T, float> && bytes >= last_level_cache_bytes();
+bool stream_output(int64_t working_set_bytes) {
+  return std::is_same_v<T, float> && working_set_bytes >= last_level_cache_bytes();
 }
 
 /// dst[j] = value(j) for j < h. stream: streaming stores straight from registers (the caller
@@ -101,8 +102,8 @@ inline void write_row(T* dst, int64_t h, bool stream, const T* pf1, const T* pf2
         dst[j] = value(j, 0.0f);
   }
   for (; j + L <= h; j += L) {
-    if (pf1) __builtin_prefetch(pf1 + j);
-    if (pf2) __builtin_prefetch(pf2 + j);
+    if (pf1) __builtin_prefetch(pf1 + j, 0, 2);
+    if (pf2) __builtin_prefetch(pf2 + j, 0, 2);
     const vf v = value(j, vf{});
     if constexpr (std::is_same_v<T, float>) {
       if (stream) {

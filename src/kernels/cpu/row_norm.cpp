@@ -39,9 +39,10 @@ int thread_count(const RowNormArgs& a) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, a.rows)));
 }
 
+// tensors: how many row-major [rows, h] tensors the kernel reads and writes.
 template <class T>
-bool stream_rows(const RowNormArgs& a) {
-  return stream_output<T>(a.rows * a.h * static_cast<int64_t>(sizeof(T)));
+bool stream_rows(const RowNormArgs& a, int tensors) {
+  return stream_output<T>(tensors * a.rows * a.h * static_cast<int64_t>(sizeof(T)));
 }
 
 // Row r + 1 of base (the prefetch target while row r is written), or null after the last row.
@@ -130,7 +131,7 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T
                        W* stats, double n, double eps, T* y, S* mean, S* rstd) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
-  const bool stream = stream_rows<T>(a);
+  const bool stream = stream_rows<T>(a, 2);
 #pragma omp parallel num_threads(thread_count(a))
   {
 #pragma omp for schedule(static)
@@ -189,7 +190,7 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
   const int k = a.centered ? 2 : 1;
   const int nt = thread_count(a);
   const bool params = dgamma || dbeta;
-  const bool stream = stream_rows<T>(a);
+  const bool stream = stream_rows<T>(a, 3);
   // Per-thread column sums in double, added in a fixed order: deterministic for a thread count.
   std::vector<double> acc(params ? static_cast<size_t>(nt) * 2 * h : 0, 0.0);
 #pragma omp parallel num_threads(nt)
