@@ -62,6 +62,36 @@ TEST(BatchNormRobust, LargeMeanSmallStd) {
             0);
 }
 
+// Channels-last past the last-level cache (streaming stores), 67 channels: vectors of
+// consecutive channels run across row boundaries. Forward and backward against the reference.
+TEST(BatchNormLarge, ChannelsLastStreamingPath) {
+  const int64_t n = 64, c = 67, inner = 1024;  // 17.6 MB a tensor
+  const std::vector<float> x = tpnorm_test::normal(5, 0, n * c * inner, 1.0, 2.0);
+  const std::vector<float> dy = tpnorm_test::normal(5, 1, n * c * inner);
+  const std::vector<float> gamma = tpnorm_test::normal(5, 2, c, 1.0, 0.3);
+  const std::vector<float> beta = tpnorm_test::normal(5, 3, c);
+  const auto ref = tpnorm_test::batch_norm_reference(x, n, c, inner, gamma, beta, 1e-5, dy);
+  const auto xcl = tpnorm_test::to_channels_last(x, n, c, inner);
+  const auto dycl = tpnorm_test::to_channels_last(dy, n, c, inner);
+  std::vector<float> y(x.size()), dx(x.size()), mean(c), invstd(c), dg(c), db(c);
+  auto comm = make_single_communicator();
+  BatchNormOptions opt;
+  opt.layout = Layout::kChannelsLast;
+  const Shape s{n, inner, c}, cs{c};
+  sync_batch_norm_forward(*comm, view(xcl.data(), s), view(gamma.data(), cs),
+                          view(beta.data(), cs), {}, {}, nullptr, view(y.data(), s),
+                          view(mean.data(), cs), view(invstd.data(), cs), opt);
+  sync_batch_norm_backward(*comm, view(dycl.data(), s), view(xcl.data(), s),
+                           view(gamma.data(), cs), view(mean.data(), cs),
+                           view(invstd.data(), cs), view(dx.data(), s), view(dg.data(), cs),
+                           view(db.data(), cs), opt);
+  EXPECT_EQ(count_wrong("y", tpnorm_test::from_channels_last(y, n, c, inner), ref.y, 1e-5, 1e-5),
+            0);
+  EXPECT_EQ(count_wrong("dx", tpnorm_test::from_channels_last(dx, n, c, inner), ref.dx, 1e-5,
+                        1e-4), 0);
+  EXPECT_EQ(count_wrong("dbeta", db, ref.dbeta, 1e-5 * n * inner, 1e-5), 0);
+}
+
 // One collective per training call, with (2C + header) float64 (robust) or float32 (naive)
 // values; eval sends nothing.
 TEST(BatchNormTraffic, OneCollectivePerTrainingCallNoneInEval) {

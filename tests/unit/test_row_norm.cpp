@@ -171,3 +171,21 @@ TEST(RowNorm, LargeOffsetRobustDefaultNaiveFails) {
   std::printf("1e4 offset, naive:  max |y - ref| = %.3g\n", worst);
   EXPECT_GT(worst, 1e-2) << "naive float32 moments were expected to cancel here";
 }
+
+// Tensors past the last-level cache (32 MiB on the development machine) take the streaming-store
+// path; rows of 4099 floats start at a different 64-byte offset each, so every row peels.
+TEST(RowNorm, LargeTensorStreamingPath) {
+  const int64_t rows = 1040, h = 4099;  // 17 MB a tensor: forward 34 MB, backward 51 MB
+  const auto x = tpnorm_test::normal(11, 0, rows * h, 2.0, 1.5);
+  const auto dy = tpnorm_test::normal(11, 1, rows * h);
+  const auto gamma = tpnorm_test::normal(11, 2, h, 1.0, 0.3);
+  const auto beta = tpnorm_test::normal(11, 3, h);
+  for (bool centered : {true, false}) {
+    const auto b = centered ? beta : std::vector<float>{};
+    const Out o = run_rows(centered, x, rows, h, gamma, b, dy);
+    const auto ref = tpnorm_test::row_norm_reference(centered, x, rows, h, gamma, b, 1e-5, dy);
+    EXPECT_EQ(count_wrong("y", o.y, ref.y, 1e-5, 1e-5), 0);
+    EXPECT_EQ(count_wrong("dx", o.dx, ref.dx, 1e-5, 1e-4), 0);
+    EXPECT_EQ(count_wrong("dgamma", o.dgamma, ref.dgamma, 1e-5 * rows, 1e-5), 0);
+  }
+}

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "common/half.h"
@@ -49,8 +50,9 @@ inline V chan(LaneChannels k, const float* v) { return load_as<V>(v + k.ch); }
 
 // out[2ch], out[2ch+1] = the sums over channel ch's elements of term(i, k, V{}) -> Two<V>
 // (i: the element's offset, k: its channel(s), see chan).
-template <class W, class Term>
-void channel_sums(const BatchNormArgs& a, W* out, Term term) {
+// pf1/pf2 (pf2 may be null): the inputs term reads, for prefetching.
+template <class W, class T, class Term>
+void channel_sums(const BatchNormArgs& a, W* out, const T* pf1, const T* pf2, Term term) {
   const int64_t c = a.c, inner = a.inner;
   if (!a.channels_last) {
 #pragma omp parallel for num_threads(thread_count(a, c)) schedule(static)
@@ -59,9 +61,12 @@ void channel_sums(const BatchNormArgs& a, W* out, Term term) {
       for (int64_t b = 0; b < a.n; ++b) {
         const int64_t base = (b * c + ch) * inner;
         W p1, p2;
+        // Prefetch the channel's next plane: the hardware does not follow the jump there.
+        const bool pf = b + 1 < a.n;
         block_sums<W>(inner, [&](int64_t s, auto tag) {
           return term(base + s, PlaneChannel{ch}, tag);
-        }, p1, p2);
+        }, p1, p2, pf ? pf1 + base + c * inner : nullptr,
+           pf && pf2 ? pf2 + base + c * inner : nullptr);
         s1 += p1;
         s2 += p2;
       }
@@ -117,40 +122,60 @@ void channel_sums(const BatchNormArgs& a, W* out, Term term) {
 
 // out[i] = value(i, k, V{}) for every element, in parallel; in1/in2 (in2 may be null) are the
 // inputs value reads, prefetched kAheadBytes ahead.
+// out[i] = value(i, k, V{}) for every element, in parallel; in1/in2 (in2 may be null) are the
+// inputs value reads, prefetched kAheadBytes ahead. Per-channel arrays that value reads with
+// LaneChannels must be padded by tile_channels.
 template <class T, class Value>
 void apply_elements(const BatchNormArgs& a, const T* in1, const T* in2, T* out, Value value) {
   const int64_t c = a.c, inner = a.inner, total = a.n * c * inner;
   const bool stream = stream_output<T>((in2 ? 3 : 2) * total * static_cast<int64_t>(sizeof(T)));
-  // Run `len` elements from offset o, prefetching `ahead` elements further on (in range).
-  auto run = [&](int64_t o, int64_t len, int64_t ahead, auto k) {
-    const bool pf = o + ahead + len <= total;
-    write_row(out + o, len, stream, pf ? in1 + o + ahead : nullptr,
-              pf && in2 ? in2 + o + ahead : nullptr, [&](int64_t j, auto tag) {
-                auto kj = k;
-                if constexpr (std::is_same_v<decltype(k), LaneChannels>) kj.ch = j;
-                return value(o + j, kj, tag);
-              });
+  const int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(T));
+  const T* none = nullptr;
+  // Elements [o, e) with channel constants k(j); prefetching only where it stays in the tensor.
+  auto run = [&](int64_t o, int64_t e, auto k) {
+    const int64_t mid = std::max(o, std::min(e, total - ahead));
+    for (const auto& [lo, hi, pf] : {std::tuple{o, mid, true}, std::tuple{mid, e, false}})
+      write_row(out + lo, hi - lo, stream, pf ? in1 + lo + ahead : none,
+                pf && in2 ? in2 + lo + ahead : none,
+                [value, k, lo = lo](int64_t j, auto tag) { return value(lo + j, k(lo + j), tag); });
   };
-  const int64_t ahead_elems = std::max<int64_t>(1, kAheadBytes / static_cast<int64_t>(sizeof(T)));
   if (!a.channels_last) {
     const int64_t planes = a.n * c;
 #pragma omp parallel num_threads(thread_count(a, planes))
     {
 #pragma omp for schedule(static)
       for (int64_t bc = 0; bc < planes; ++bc)
-        run(bc * inner, inner, std::max(inner, ahead_elems), PlaneChannel{bc % c});
+        run(bc * inner, (bc + 1) * inner, [ch = bc % c](int64_t) { return PlaneChannel{ch}; });
       if (stream) stream_fence();
     }
   } else {
+    // One flat run per thread (a row of c channels is too short to peel and stream by itself);
+    // the channel of element i is i % c, tracked incrementally (write_row goes forward, at most
+    // vf::L elements a step).
     const int64_t rows = a.n * inner;
-    const int64_t ahead = c > 0 ? std::max<int64_t>(1, ahead_elems / c) * c : 0;
 #pragma omp parallel num_threads(thread_count(a, rows))
     {
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) run(r * c, c, ahead, LaneChannels{0});
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t lo = rows * t / nt * c, hi = rows * (t + 1) / nt * c;
+      int64_t pos = lo, ch = 0;
+      run(lo, hi, [&](int64_t i) {
+        ch += i - pos;
+        pos = i;
+        while (ch >= c) ch -= c;
+        return LaneChannels{ch};
+      });
       if (stream) stream_fence();
     }
   }
+}
+
+// Pads per-channel arrays to c + vf::L entries, entry k holding channel k % c, so that a vector
+// of consecutive channels may run past the last channel into the next row's first ones.
+template <class... A>
+void tile_channels(int64_t c, A&... v) {
+  if (c > 0)
+    for (std::vector<float>* p : {&v...})
+      for (int64_t k = c; k < c + vf::L; ++k) p->push_back((*p)[k % c]);
 }
 
 // The exact split of a mean into float head + float tail.
@@ -176,7 +201,8 @@ void bn_partial_forward(const BatchNormArgs& a, const T* x, W* stats) {
     for (int64_t ch = 0; ch < a.c; ++ch)
       pivot[ch] = to_float(x[a.channels_last ? ch : ch * a.inner]);
   const float* pv = pivot.data();
-  channel_sums<W>(a, stats, [=](int64_t i, auto k, auto tag) {
+  const T* none = nullptr;
+  channel_sums<W>(a, stats, x, none, [=](int64_t i, auto k, auto tag) {
     using V = decltype(tag);
     const V d = load_as<V>(x + i) - chan<V>(k, pv);
     return Two<V>{d, d * d};
@@ -207,6 +233,7 @@ void bn_apply_forward(const BatchNormArgs& a, const T* x, const T* gamma, const 
     scale[ch] = static_cast<float>(invstd[ch]) * (gamma ? to_float(gamma[ch]) : 1.0f);
     shift[ch] = beta ? to_float(beta[ch]) : 0.0f;
   }
+  tile_channels(a.c, mh, mt, scale, shift);
   const float *h = mh.data(), *t = mt.data(), *sc = scale.data(), *sh = shift.data();
   apply_elements(a, x, static_cast<const T*>(nullptr), y, [=](int64_t i, auto k, auto tag) {
     using V = decltype(tag);
@@ -221,7 +248,7 @@ void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const 
   std::vector<float> mh, mt;
   split_means(a.c, mean, mh, mt);
   const float *h = mh.data(), *t = mt.data();
-  channel_sums<W>(a, stats, [=](int64_t i, auto k, auto tag) {
+  channel_sums<W>(a, stats, dy, x, [=](int64_t i, auto k, auto tag) {
     using V = decltype(tag);
     const V d = load_as<V>(dy + i);
     return Two<V>{d, d * ((load_as<V>(x + i) - chan<V>(k, h)) - chan<V>(k, t))};
@@ -240,6 +267,7 @@ void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const T*
     c2[ch] = n > 0 ? static_cast<float>(is * is * static_cast<double>(stats[2 * ch + 1]) / n)
                    : 0.0f;
   }
+  tile_channels(a.c, mh, mt, k, c1, c2);
   const float *h = mh.data(), *t = mt.data(), *kk = k.data(), *k1 = c1.data(), *k2 = c2.data();
   apply_elements(a, x, dy, dx, [=](int64_t i, auto ch, auto tag) {
     using V = decltype(tag);

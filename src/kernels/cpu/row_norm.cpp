@@ -12,9 +12,11 @@
 //   around the row's first element, so 1e4 + N(0,1) still loses nothing (d is small and exact).
 // - With a.fused (one rank: the reduce is the identity) each row's statistics are computed just
 //   before its apply loop, while the row is in L1/L2: one pass over memory instead of two.
-// - The apply loop prefetches the next row, so its memory reads overlap this row's arithmetic
-//   and writes (one thread otherwise waits on memory while it sums the next row); outputs
-//   larger than the last-level cache are written with streaming stores straight from registers.
+// - Loops prefetch their inputs kAheadBytes ahead (into the next row), so memory reads overlap
+//   the arithmetic and the writes: one thread otherwise waits on memory while it sums a row,
+//   then computes without reading memory. (The fused forward's sums pass runs without: it
+//   measured faster; its first 4 KiB were prefetched by the previous row's apply loop.)
+//   Outputs larger than the last-level cache are written with streaming stores from registers.
 // - dgamma/dbeta are summed in float32 for kParamRows rows at a time, then added in double:
 //   the double accumulators (16 bytes a column) are touched once per block, not once per row.
 #include "kernels/cpu/row_norm.h"
@@ -45,10 +47,12 @@ bool stream_rows(const RowNormArgs& a, int tensors) {
   return stream_output<T>(tensors * a.rows * a.h * static_cast<int64_t>(sizeof(T)));
 }
 
-// Row r + 1 of base (the prefetch target while row r is written), or null after the last row.
+// Row r of base, kAheadBytes on (the prefetch target while row r is read), or null where that
+// would run past the tensor.
 template <class T>
-const T* next_row(const RowNormArgs& a, const T* base, int64_t r) {
-  return r + 1 < a.rows ? base + (r + 1) * a.h : nullptr;
+const T* ahead(const RowNormArgs& a, const T* base, int64_t r) {
+  const int64_t d = kAheadBytes / static_cast<int64_t>(sizeof(T));
+  return base && (r + 1) * a.h + d <= a.rows * a.h ? base + r * a.h + d : nullptr;
 }
 
 // The exact split of a mean into float head + float tail.
@@ -100,7 +104,8 @@ inline V xhat_at(const T* xr, int64_t j, float mh, float mt, float rs) {
 // One row's backward partial: centred {sum g, sum g*xhat} or RMS {sum g*xhat} into st.
 template <class T, class W>
 inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const T* gamma,
-                          float mh, float mt, float rs, W* st) {
+                          float mh, float mt, float rs, W* st, const T* pf_dy = nullptr,
+                          const T* pf_x = nullptr) {
   W sg, sgx;
   block_sums<W>(a.h, [=](int64_t j, auto tag) {
     using V = decltype(tag);
@@ -108,7 +113,7 @@ inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const
     const V d = load_as<V>(dyr + j);
     const V g = gamma ? d * load_as<V>(gamma + j) : d;
     return Two<V>{g, g * xhat};
-  }, sg, sgx);
+  }, sg, sgx, pf_dy, pf_x);
   if (a.centered) {
     st[0] = sg;
     st[1] = sgx;
@@ -155,7 +160,7 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T
       float mh, mt;
       split_mean(mu, mh, mt);
       const float rs = static_cast<float>(rs_w);
-      write_row(y + r * h, h, stream, next_row(a, x, r), static_cast<const T*>(nullptr),
+      write_row(y + r * h, h, stream, ahead(a, x, r), static_cast<const T*>(nullptr),
                 [=](int64_t j, auto tag) {
                   using V = decltype(tag);
                   const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
@@ -220,10 +225,11 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
       const T* xr = x + r * h;
       const T* dyr = dy + r * h;
       W* st = stats + r * k;
-      if (a.fused) backward_sums(a, dyr, xr, gamma, mh, mt, rs, st);
+      if (a.fused)
+        backward_sums(a, dyr, xr, gamma, mh, mt, rs, st, ahead(a, dy, r), ahead(a, x, r));
       const float c1 = a.centered ? static_cast<float>(st[0] / static_cast<W>(n)) : 0.0f;
       const float c2 = static_cast<float>(st[k - 1] / static_cast<W>(n));
-      write_row(dx + r * h, h, stream, next_row(a, x, r), next_row(a, dy, r),
+      write_row(dx + r * h, h, stream, ahead(a, x, r), ahead(a, dy, r),
                 [=](int64_t j, auto tag) {
                   using V = decltype(tag);
                   const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
