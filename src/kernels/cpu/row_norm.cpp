@@ -204,9 +204,11 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
     double* dg = params ? acc.data() + static_cast<size_t>(t) * 2 * h : nullptr;
     double* db = params ? dg + h : nullptr;
     // This thread's float32 sums over its last (< kParamRows) rows.
-    std::vector<float> part(params ? static_cast<size_t>(2) * h : 0, 0.0f);
+    // dbf is 64 bytes further than h on: with h a multiple of 1024, dgf[j] and dbf[j] would be
+    // a multiple of 4 KiB apart, and the store to one would stall the load of the other.
+    std::vector<float> part(params ? static_cast<size_t>(2) * h + 16 : 0, 0.0f);
     float* dgf = part.data();
-    float* dbf = dgf + (params ? h : 0);
+    float* dbf = dgf + (params ? h + 16 : 0);
     int pending = 0;
     auto flush = [&] {
       for (int64_t j = 0; j < h; ++j) {
@@ -235,9 +237,10 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
                   const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
                   const V d = load_as<V>(dyr + j);
                   const V g = gamma ? d * load_as<V>(gamma + j) : d;
-                  if (params) {
-                    store_as(dgf + j, fmadd(d, xhat, load_as<V>(dgf + j)));
-                    store_as(dbf + j, load_as<V>(dbf + j) + d);
+                  if (params) {  // both loads before the stores (these may alias)
+                    const V g0 = load_as<V>(dgf + j), b0 = load_as<V>(dbf + j);
+                    store_as(dgf + j, fmadd(d, xhat, g0));
+                    store_as(dbf + j, b0 + d);
                   }
                   return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
                 });
