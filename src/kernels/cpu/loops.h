@@ -98,7 +98,7 @@ bool stream_output(int64_t working_set_bytes) {
 
 /// dst[j] = value(j) for j < h. stream: streaming stores straight from registers (the caller
 /// ends the batch with stream_fence()). pf1/pf2 (may be null): inputs the caller reads next
-/// (e.g. the next row), prefetched one vector per vector written, so that their memory reads
+/// (kAheadBytes on), prefetched one vector per vector written, so that their memory reads
 /// overlap this row's arithmetic and writes instead of following them.
 template <class T, class Value>
 inline void write_row(T* dst, int64_t h, bool stream, const T* pf1, const T* pf2, Value value) {

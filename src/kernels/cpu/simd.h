@@ -19,6 +19,14 @@
 
 namespace tpnorm::kernels::cpu {
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
 #if defined(__AVX512F__)
 struct vf {
   static constexpr int L = 16;
@@ -32,7 +40,13 @@ inline vf operator+(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline vf operator-(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline vf operator*(vf a, vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline vf fmadd(vf a, vf b, vf c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-inline float hsum(vf a) { return _mm512_reduce_add_ps(a.v); }
+// Through memory: GCC 12 warns (-Wmaybe-uninitialized, a false positive) inside every
+// in-register 512-to-256 extraction, _mm512_reduce_add_ps included. Once per block: cheap.
+inline float hsum(vf a) {
+  alignas(64) float b[16];
+  _mm512_store_ps(b, a.v);
+  return hsum8(_mm256_add_ps(_mm256_load_ps(b), _mm256_load_ps(b + 8)));
+}
 #elif defined(__AVX2__)
 struct vf {
   static constexpr int L = 8;
@@ -46,11 +60,7 @@ inline vf operator+(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline vf operator-(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline vf operator*(vf a, vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline vf fmadd(vf a, vf b, vf c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-inline float hsum(vf a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+inline float hsum(vf a) { return hsum8(a.v); }
 #else
 struct vf {
   static constexpr int L = 1;
