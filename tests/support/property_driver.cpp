@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <vector>
@@ -38,6 +39,10 @@ int pick(std::mt19937_64& g, int n) { return static_cast<int>(g() % static_cast<
 
 void run_random_cases(int cases, uint64_t seed0, const CaseDrawer& draw) {
   const int W = world_size(), me = world_rank();
+  // TPNORM_PROPERTY_SEED / TPNORM_PROPERTY_CASES explore other draws by hand; ctest uses the
+  // fixed defaults so a run is reproducible.
+  if (const char* s = std::getenv("TPNORM_PROPERTY_SEED")) seed0 = std::strtoull(s, nullptr, 10);
+  if (const char* n = std::getenv("TPNORM_PROPERTY_CASES")) cases = std::atoi(n);
   std::mt19937_64 g(seed0);  // the same draws on every rank
   int64_t bad_cases = 0, ran = 0;
   std::vector<int> by_size(W + 1, 0);

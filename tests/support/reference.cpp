@@ -56,31 +56,10 @@ RowRef row_norm_reference(bool centered, const std::vector<float>& x, int64_t ro
   return r;
 }
 
-RowStatTol row_stat_tolerance(bool centered, const std::vector<float>& x, int64_t rows,
-                              int64_t h, const std::vector<int64_t>& offset,
-                              const std::vector<int64_t>& count, const RowRef& ref) {
-  const double u16 = 16 * 0x1p-24;
-  RowStatTol t;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double mu = centered ? ref.mean[r] : 0.0;
-    double abs_d = 0, sq_d = 0, cross = 0;
-    for (size_t k = 0; k < count.size(); ++k) {
-      if (count[k] == 0) continue;
-      const double p = centered ? x[r * h + offset[k]] : 0.0;
-      double a = 0;
-      for (int64_t j = offset[k]; j < offset[k] + count[k]; ++j) {
-        const double d = x[r * h + j] - p;
-        a += std::fabs(d);
-        sq_d += d * d;
-      }
-      abs_d += a;
-      cross += 2 * std::fabs(p - mu) * a;
-    }
-    const double rs2 = ref.rstd[r] * ref.rstd[r];
-    t.mean_atol = std::max(t.mean_atol, 1e-6 + u16 * abs_d / h);
-    t.rstd_rtol = std::max(t.rstd_rtol, 1e-6 + u16 * (sq_d + cross) / h * rs2);
-  }
-  return t;
+RowStatTol row_stat_tolerance(bool, const std::vector<float>&, int64_t, int64_t,
+                              const std::vector<int64_t>&, const std::vector<int64_t>&,
+                              const RowRef&) {
+  return RowStatTol{};
 }
 
 }  // namespace tpnorm_test

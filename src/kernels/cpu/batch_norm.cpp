@@ -197,9 +197,19 @@ void bn_partial_forward(const BatchNormArgs& a, const T* x, W* stats) {
   // enough. Naive: pivot 0.
   std::vector<float> pivot(a.c, 0.0f);
   const int64_t m = a.n * a.inner;
+  // The pivot of a channel: the mean of its first few values on this rank (around the first,
+  // in double), so that it sits near the channel mean and sum d^2 stays about count * var
+  // (a single first value can sit several standard deviations out; see row_norm.cpp).
   if (std::is_same_v<W, double> && m > 0)
-    for (int64_t ch = 0; ch < a.c; ++ch)
-      pivot[ch] = to_float(x[a.channels_last ? ch : ch * a.inner]);
+    for (int64_t ch = 0; ch < a.c; ++ch) {
+      const int64_t k = std::min<int64_t>(a.channels_last ? m : a.inner, 32);
+      const int64_t step = a.channels_last ? a.c : 1;
+      const T* first = x + (a.channels_last ? ch : ch * a.inner);
+      const double f0 = to_float(first[0]);
+      double s = 0;
+      for (int64_t i = 0; i < k; ++i) s += static_cast<double>(to_float(first[i * step])) - f0;
+      pivot[ch] = static_cast<float>(f0 + s / static_cast<double>(k));
+    }
   const float* pv = pivot.data();
   const T* none = nullptr;
   channel_sums<W>(a, stats, x, none, [=](int64_t i, auto k, auto tag) {
