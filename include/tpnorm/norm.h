@@ -32,8 +32,8 @@ namespace tpnorm {
 
 /// How partial statistics are accumulated and sent.
 enum class Stats : int32_t {
-  /// float64 moments (accumulated around a per-shard pivot, in float64 on CPU and float32
-  /// sums of the pivoted values on GPU):
+  /// float64 moments (accumulated around a per-shard pivot near the mean: float32 block sums
+  /// of the pivoted values promoted to float64 per block on CPU, float32 sums on GPU):
   /// accurate even when |mean| >> std, e.g. 1e4 + N(0,1). The default.
   kRobust = 0,
   /// float32 sum and sum of squares, E[x^2] - E[x]^2: half the bytes, cancels catastrophically
