@@ -53,14 +53,9 @@ void forward(const char* op, bool centered, Communicator& comm, const TensorView
   const Geometry g = geometry(x);
   detail::PackedCall call(comm, op, wire_of(opt.stats), opt.check_agreement);
   detail::Validator v(call, comm.device());
-  v.eps(opt.eps) && v.usable("x", x) &&
-      v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) && v.usable("y", y) &&
-      v.same_shape("y", y, x.shape) && v.same_dtype("y", y, x.dtype) &&
-      v.optional("gamma", gamma, g.h, x.dtype) && v.optional("beta", beta, g.h, x.dtype) &&
-      v.optional("rstd", rstd, g.rows, rstd.dtype) &&
-      (!rstd.present() || v.dtype_in("rstd", rstd, {DType::F32, DType::F64})) &&
-      (!centered || v.optional("mean", mean, g.rows, rstd.present() ? rstd.dtype : mean.dtype)) &&
-      (!mean.present() || v.dtype_in("mean", mean, {DType::F32, DType::F64}));
+  // The same local checks as the fused and batched ops (row_stages), eps first.
+  v.eps(opt.eps) &&
+      detail::validate_row_forward(v, "", {centered, x, gamma, beta, y, mean, rstd});
   agree_common(call, x, g, opt, centered);
   call.agree("eps", opt.eps);
   call.agree("gamma", gamma.present() ? 1 : 0);
@@ -107,14 +102,7 @@ void backward(const char* op, bool centered, Communicator& comm, const TensorVie
   const Geometry g = geometry(x);
   detail::PackedCall call(comm, op, wire_of(opt.stats), opt.check_agreement);
   detail::Validator v(call, comm.device());
-  v.usable("x", x) && v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) &&
-      v.usable("dy", dy) && v.same_shape("dy", dy, x.shape) && v.same_dtype("dy", dy, x.dtype) &&
-      v.usable("dx", dx) && v.same_shape("dx", dx, x.shape) && v.same_dtype("dx", dx, x.dtype) &&
-      v.optional("gamma", gamma, g.h, x.dtype) && v.usable("rstd", rstd) &&
-      v.numel_is("rstd", rstd, g.rows) && v.dtype_in("rstd", rstd, {DType::F32, DType::F64}) &&
-      (!centered || (v.usable("mean", mean) && v.numel_is("mean", mean, g.rows) &&
-                     v.same_dtype("mean", mean, rstd.dtype))) &&
-      v.optional("dgamma", dgamma, g.h, x.dtype) && v.optional("dbeta", dbeta, g.h, x.dtype);
+  detail::validate_row_backward(v, "", {centered, dy, x, gamma, mean, rstd, dx, dgamma, dbeta});
   agree_common(call, x, g, opt, centered);
   call.agree("gamma", gamma.present() ? 1 : 0);
 #ifdef TPNORM_WITH_CUDA
