@@ -8,7 +8,8 @@
 // never destroy the caller's ncclComm_t or stream.
 //
 // Not thread-safe: one thread issues calls on a communicator at a time, in the same order on
-// every rank (the usual rule for collectives).
+// every rank (the usual rule for collectives). Non-blocking sums (start_all_reduce_sum) follow
+// the same rule: every rank starts them in the same order; they may be waited in any order.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,9 @@
 
 namespace tpnorm {
 
-/// Traffic counters, per communicator, updated by every all_reduce_sum.
+/// Traffic counters, per communicator, updated by every all_reduce_sum and every
+/// start_all_reduce_sum (when it is started, so a started sum counts once whether or not it
+/// has been waited yet).
 struct CommCounters {
   uint64_t calls = 0;       ///< collectives issued
   uint64_t bytes_sent = 0;  ///< payload bytes this rank contributed (count * dtype size)
@@ -38,6 +41,25 @@ class Communicator {
   /// [in,out] buf: `count` elements on device(); every rank passes the same count and dtype.
   /// Throws tpnorm::Error(kCommunication) if the transport fails.
   void all_reduce_sum(void* buf, size_t count, DType dtype);
+
+  /// A non-blocking sum in flight: returned by start_all_reduce_sum, completed by wait().
+  /// A plain ticket (id 0 = nothing to wait for); copying it does not copy the sum.
+  struct Request {
+    uint64_t id = 0;
+  };
+  /// Starts the in-place sum of all_reduce_sum and returns without waiting for it. `buf` must
+  /// stay valid and untouched until wait() returns. Several sums may be in flight; every rank
+  /// starts them in the same order (they are collectives) and may wait them in any order.
+  /// Counted in counters() now. Backends without a non-blocking path sum here and wait() does
+  /// nothing (the default); the MPI communicator uses MPI_Iallreduce, and its wait() is covered
+  /// by the watchdog (set_timeout) like a blocking sum.
+  /// Throws tpnorm::Error(kCommunication) if the transport fails to start the sum.
+  Request start_all_reduce_sum(void* buf, size_t count, DType dtype);
+  /// Waits for a started sum; afterwards `buf` holds the sum and `r.id` is 0. Waiting a request
+  /// twice (id 0) does nothing. Throws tpnorm::Error(kCommunication) if the transport fails.
+  void wait(Request& r);
+  /// Started sums not yet waited.
+  size_t in_flight() const { return in_flight_; }
 
   /// The stream device work is ordered on (a cudaStream_t as void*); nullptr for host backends.
   virtual void* stream() const { return nullptr; }
@@ -68,8 +90,21 @@ class Communicator {
 
  protected:
   virtual void do_all_reduce_sum(void* buf, size_t count, DType dtype) = 0;
+  /// The non-blocking pair behind start_all_reduce_sum / wait, for backends that have one.
+  /// `id` (> 0, increasing) names the sum; the default sums at start and waits for nothing,
+  /// which is right for any backend whose do_all_reduce_sum is already asynchronous (device
+  /// communicators enqueue on their stream) or blocking.
+  virtual void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, DType dtype) {
+    (void)id;
+    do_all_reduce_sum(buf, count, dtype);
+  }
+  virtual void do_wait(uint64_t id) { (void)id; }
   /// The watchdog's one-line message for the collective now overdue.
   std::string watchdog_message() const;
+  /// The same for a started sum that was begun by `op` at call `sequence`.
+  std::string watchdog_message(const char* op, uint64_t sequence) const;
+  /// The op name and call sequence at the time of the call (for requests that outlive it).
+  const char* current_op() const { return current_op_; }
 
  private:
   CommCounters counters_;
@@ -77,6 +112,8 @@ class Communicator {
   int64_t strict_calls_ = default_strict_calls();
   double timeout_s_ = default_timeout();
   const char* current_op_ = nullptr;
+  uint64_t next_request_ = 0;
+  size_t in_flight_ = 0;
   static int64_t default_strict_calls();
   static double default_timeout();
 };

@@ -15,6 +15,24 @@ void Communicator::all_reduce_sum(void* buf, size_t count, DType dtype) {
   if (count > 0) do_all_reduce_sum(buf, count, dtype);
 }
 
+Communicator::Request Communicator::start_all_reduce_sum(void* buf, size_t count, DType dtype) {
+  counters_.calls += 1;
+  counters_.bytes_sent += count * dtype_size(dtype);
+  if (count == 0) return {};
+  const uint64_t id = ++next_request_;
+  do_start_all_reduce_sum(id, buf, count, dtype);
+  ++in_flight_;
+  return {id};
+}
+
+void Communicator::wait(Request& r) {
+  if (r.id == 0) return;
+  const uint64_t id = r.id;
+  r.id = 0;  // a failed wait is not retried: the transport is broken either way
+  --in_flight_;
+  do_wait(id);
+}
+
 int64_t Communicator::default_strict_calls() {
   const char* v = std::getenv("TPNORM_STRICT_CALLS");
   return v && *v ? std::strtoll(v, nullptr, 10) : 16;
@@ -26,9 +44,13 @@ double Communicator::default_timeout() {
 }
 
 std::string Communicator::watchdog_message() const {
+  return watchdog_message(current_op_, sequence_);
+}
+
+std::string Communicator::watchdog_message(const char* op, uint64_t sequence) const {
   std::ostringstream s;
   s << "tpnorm watchdog: rank " << rank() << " of " << size() << ": "
-    << (current_op_ ? current_op_ : "a collective") << " (call " << sequence_
+    << (op ? op : "a collective") << " (call " << sequence
     << " on this communicator) did not finish within " << timeout_s_
     << " s (TPNORM_TIMEOUT): a rank died or stopped calling; aborting the job";
   return s.str();

@@ -1,15 +1,19 @@
 // mpi.cpp — the MPI communicator over host buffers: one all-reduce (MPI_SUM) per call on a
-// duplicate of the caller's communicator.
+// duplicate of the caller's communicator, blocking (all_reduce_sum) or started now and waited
+// later (start_all_reduce_sum / wait: MPI_Iallreduce).
 //
 // Watchdog: the all-reduce is MPI_Iallreduce completed by polling MPI_Test against a deadline,
 // so a collective that a dead or stuck rank never joins ends the job with MPI_Abort and a
 // message naming op, rank and call sequence, instead of blocking forever in MPI_Allreduce. No
 // extra thread (MPI_THREAD_FUNNELED suffices, and MPI_Abort is called from the calling thread).
+// Started sums are completed by the same loop when waited, so the watchdog covers them too.
 #include "tpnorm/mpi.h"
 
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/mpi_check.h"
 #include "common/check.h"
@@ -37,7 +41,11 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    // Sums started and never waited: complete them (the peers started them too) before the
+    // communicator goes, so that no request outlives it. Errors cannot be thrown from here.
+    for (Pending& p : pending_) complete(p, /*may_throw=*/false);
+    MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -45,22 +53,26 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
-    const MPI_Datatype type = mpi_type(dtype);
-    // MPI counts are int: large buffers go in chunks (same split on every rank).
-    constexpr size_t kChunk = size_t{1} << 30;
-    char* p = static_cast<char*>(buf);
-    for (size_t done = 0; done < count; done += kChunk) {
-      const size_t n = count - done < kChunk ? count - done : kChunk;
-      void* at = p + done * dtype_size(dtype);
-      if (!(timeout() > 0)) {  // watchdog off: the blocking call, which costs less (see README)
-        TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, at, static_cast<int>(n), type, MPI_SUM,
-                                        comm_));
-        continue;
-      }
-      MPI_Request req;
-      TPNORM_CHECK(MPI, MPI_Iallreduce(MPI_IN_PLACE, at, static_cast<int>(n), type, MPI_SUM,
-                                       comm_, &req));
-      wait(req);
+    if (!(timeout() > 0)) {  // watchdog off: the blocking call, which costs less (see README)
+      const MPI_Datatype type = mpi_type(dtype);
+      for_each_chunk(buf, count, dtype, [&](void* at, int n) {
+        TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, at, n, type, MPI_SUM, comm_));
+      });
+      return;
+    }
+    Pending p = start(0, buf, count, dtype);
+    complete(p, true);
+  }
+  void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, DType dtype) override {
+    pending_.push_back(start(id, buf, count, dtype));
+  }
+  void do_wait(uint64_t id) override {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i].id != id) continue;
+      Pending p = std::move(pending_[i]);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      complete(p, true);
+      return;
     }
   }
 
@@ -68,16 +80,61 @@ class MpiCommunicator final : public Communicator {
   // Same exit status as `timeout`: the job ran out of time.
   static constexpr int kWatchdogExitCode = 124;
 
-  void wait(MPI_Request& req) {
+  // One started sum: its MPI requests (one per chunk of at most 2^30 elements) and what the
+  // watchdog names if it never completes.
+  struct Pending {
+    uint64_t id = 0;
+    std::vector<MPI_Request> reqs;
+    const char* op = nullptr;
+    uint64_t sequence = 0;
+  };
+
+  // MPI counts are int: large buffers go in chunks (the same split on every rank).
+  template <class F>
+  static void for_each_chunk(void* buf, size_t count, DType dtype, F&& f) {
+    constexpr size_t kChunk = size_t{1} << 30;
+    char* p = static_cast<char*>(buf);
+    for (size_t done = 0; done < count; done += kChunk) {
+      const size_t n = count - done < kChunk ? count - done : kChunk;
+      f(p + done * dtype_size(dtype), static_cast<int>(n));
+    }
+  }
+
+  Pending start(uint64_t id, void* buf, size_t count, DType dtype) {
+    const MPI_Datatype type = mpi_type(dtype);
+    Pending p{id, {}, current_op(), sequence()};
+    for_each_chunk(buf, count, dtype, [&](void* at, int n) {
+      p.reqs.push_back(MPI_REQUEST_NULL);
+      TPNORM_CHECK(MPI, MPI_Iallreduce(MPI_IN_PLACE, at, n, type, MPI_SUM, comm_,
+                                       &p.reqs.back()));
+    });
+    return p;
+  }
+
+  // The one wait loop of this communicator: polls MPI_Testall (which also drives MPI's
+  // progress for every other request in flight) until done, or until the watchdog's deadline
+  // when it is on, then ends the job with MPI_Abort and a message naming the op that started
+  // the sum, this rank and its call sequence.
+  void complete(Pending& p, bool may_throw) {
+    const int n = static_cast<int>(p.reqs.size());
+    if (!(timeout() > 0)) {
+      const int rc = MPI_Waitall(n, p.reqs.data(), MPI_STATUSES_IGNORE);
+      if (may_throw) TPNORM_CHECK(MPI, rc);
+      return;
+    }
     using clock = std::chrono::steady_clock;
     const auto deadline = clock::now() + std::chrono::duration<double>(timeout());
     int done = 0;
     // Reading the clock costs ~20 ns; every 64th poll keeps it out of the latency of small calls.
     for (unsigned poll = 1;; ++poll) {
-      TPNORM_CHECK(MPI, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      const int rc = MPI_Testall(n, p.reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        if (may_throw) TPNORM_CHECK(MPI, rc);
+        return;
+      }
       if (done) return;
       if (poll % 64 == 0 && clock::now() > deadline) {
-        std::fprintf(stderr, "%s\n", watchdog_message().c_str());
+        std::fprintf(stderr, "%s\n", watchdog_message(p.op, p.sequence).c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);  // the whole job, not only this group
       }
@@ -87,6 +144,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<Pending> pending_;  // started, not yet waited, in start order
 };
 
 }  // namespace
