@@ -3,7 +3,7 @@
 // Every rank makes the full x, f, dy, dh_extra from a seed and keeps its columns; h, y, mean,
 // rstd, dx, df, dgamma, dbeta must match, element by element, the float64 reference on the
 // full data and the single-process op on the full input. Tolerances as tests/unit/test_fused,
-// but for mean / rstd: row_stat_tolerance (tests/support/reference.h).
+// but for mean / rstd: row_stat_tolerance (tests/reference/reference.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -82,7 +82,7 @@ TEST_P(FusedEquivalence, MatchesUnshardedReferenceAndSingleProcess) {
   const double rs = *std::max_element(ref.norm.rstd.begin(), ref.norm.rstd.end());
   const double gtol = rt * std::max(1.0, rs);
   // Saved statistics: the row kernels' float32 block-sum bound (1e-6 unless a shard's first
-  // element lies far from its row's mean; see tests/support/reference.h).
+  // element lies far from its row's mean; see tests/reference/reference.h).
   const RowStatTol stol = row_stat_tolerance(centered, one.h, R, H, sp.offset, sp.count, ref.norm);
   struct Check {
     const char* what;

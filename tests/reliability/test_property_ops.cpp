@@ -1,6 +1,6 @@
 // Property test of every op besides the plain row norms (test_property.cpp): 600 random cases of
 // SyncBatchNorm, GroupNorm / InstanceNorm, fused residual + LayerNorm / RMSNorm and batched norms,
-// each against its float64 reference in tests/support, at world sizes 1-4 on sub-communicators
+// each against its float64 reference in tests/reference, at world sizes 1-4 on sub-communicators
 // of one 4-rank job (tests/support/property_driver.h). Every case runs a forward and a backward
 // and compares every output element by element.
 //
@@ -9,7 +9,7 @@
 // multi-rank equivalence tests of each op (tests/mpi/test_*_equiv.cpp):
 //   y, h: r + r;  mean: 1e-6 + 1e-6;  rstd / invstd: 1e-6 rel (1e-5 for SyncBatchNorm, as in
 //   its equivalence test), widened for the fused and batched row statistics by the float32
-//   block-sum bound of row_stat_tolerance (tests/support/reference.h);  dx, df: r*max(1, rs)
+//   block-sum bound of row_stat_tolerance (tests/reference/reference.h);  dx, df: r*max(1, rs)
 //   (times alpha for the fused dx) + 10r;  dgamma, dbeta: r*(values summed) + r;  running
 //   statistics: 1e-6 + 1e-5.
 #include <gtest/gtest.h>

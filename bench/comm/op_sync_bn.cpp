@@ -1,7 +1,7 @@
 // op_sync_bn.cpp — SyncBatchNorm (training) for the benchmark: x NCHW [N, C, *spatial] with the
 // batch N split evenly over the ranks (data parallelism; a rank may hold 0 samples). Every rank
 // makes the full batch from a seed and keeps its samples; the float64 reference of
-// tests/support runs on the full batch.
+// tests/reference runs on the full batch.
 #include <algorithm>
 #include <cmath>
 
@@ -100,7 +100,7 @@ class SyncBnCase : public BenchCase {
                                     rt);
   }
 
-  // DESIGN.md: forward C x 2 values + count, backward C x 2 values. The forward's count is the
+  // README "One collective per call": forward C x 2 values + count, backward C x 2 values. The forward's count is the
   // call header's element count (README: "2 x C values + header" both ways).
   uint64_t payload_values(bool) const override { return 2 * static_cast<uint64_t>(C_); }
 

@@ -1,4 +1,4 @@
-// micro.h — the microbenchmark harness shared by every op file (perf/micro_*.cpp).
+// micro.h — the microbenchmark harness shared by every op file (micro_*.cpp).
 //
 // An op file calls add_op() at static-initialisation time for each (op, pass, shape); the
 // harness (micro_main.cpp) registers it at 1 and 2 threads, registers the memory limit for the

@@ -1,7 +1,7 @@
 // op_row_norm.cpp — LayerNorm and RMSNorm for the benchmark: x [rows, hidden] with the hidden
 // dimension sharded evenly over the ranks (tensor parallelism), gamma/beta sliced likewise.
 // Every rank makes the full input from a seed and keeps its columns, so checking needs no data
-// exchange: the float64 reference runs on the full input on every rank (tests/support).
+// exchange: the float64 reference runs on the full input on every rank (tests/reference).
 #include <algorithm>
 
 #include "bench_op.h"
@@ -89,7 +89,7 @@ class RowNormCase : public BenchCase {
     return wrong;
   }
 
-  // DESIGN.md: LayerNorm R x 2 values, RMSNorm R x 1 value, forward and backward alike.
+  // README "One collective per call": LayerNorm R x 2 values, RMSNorm R x 1 value, forward and backward alike.
   uint64_t payload_values(bool) const override {
     return static_cast<uint64_t>(R_) * (centered_ ? 2 : 1);
   }

@@ -1,7 +1,7 @@
 // micro_main.cpp — the harness behind micro.h: registration, the memory limit, and the table.
 //
 // The memory limit for a case is the faster of memcpy and the streaming-store copy
-// (kernels/cpu/stream_store.h) moving the same bytes (half read, half written) with the same
+// (stream_copy.h) moving the same bytes (half read, half written) with the same
 // thread count, measured in the same run. The table uses each benchmark's median over the
 // repetitions (--benchmark_repetitions), or its only run without repetitions.
 #include <benchmark/benchmark.h>
@@ -15,8 +15,8 @@
 #include <set>
 #include <vector>
 
-#include "kernels/cpu/stream_store.h"
 #include "micro.h"
+#include "stream_copy.h"
 
 namespace tpnorm_perf {
 namespace {
@@ -61,8 +61,8 @@ void copy_bench(benchmark::State& st, int64_t bytes, int threads, bool streaming
       const int64_t lo = n * omp_get_thread_num() / threads;
       const int64_t hi = n * (omp_get_thread_num() + 1) / threads;
       if (streaming) {
-        tpnorm::kernels::cpu::stream_copy(dst.get() + lo, src.get() + lo, hi - lo);
-        tpnorm::kernels::cpu::stream_fence();
+        stream_copy(dst.get() + lo, src.get() + lo, hi - lo);
+        stream_fence();
       } else {
         std::memcpy(dst.get() + lo, src.get() + lo, static_cast<size_t>(hi - lo) * sizeof(float));
       }

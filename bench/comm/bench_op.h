@@ -35,8 +35,8 @@ class BenchCase {
   /// parameter gradients) outside tolerance of a float64 reference on the full, unsharded input.
   /// Called on every rank together, so it may make collectives on MPI_COMM_WORLD.
   virtual int64_t count_wrong() = 0;
-  /// DESIGN.md "Communication cost per call": values per rank in the call's payload, without
-  /// the call header (forward: true / backward: false).
+  /// README "One collective per call": values per rank in the call's payload, without the
+  /// call header (forward: true / backward: false).
   virtual uint64_t payload_values(bool forward) const = 0;
 };
 

@@ -1,6 +1,6 @@
-// cost_model.h — the alpha-beta model of a ring all-reduce (DESIGN.md "Communication cost per
-// call"): t(B, P) = 2(P-1) * alpha + 2(P-1)/P * B * beta, alpha in seconds per step, beta in
-// seconds per byte. Fitted from bare all-reduce timings, or taken from a published preset.
+// cost_model.h — the alpha-beta model of a ring all-reduce (README "Benchmark"):
+// t(B, P) = 2(P-1) * alpha + 2(P-1)/P * B * beta, alpha in seconds per step, beta in seconds per
+// byte. Fitted from bare all-reduce timings, or taken from a published preset.
 #pragma once
 
 #include <utility>

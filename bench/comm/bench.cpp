@@ -4,7 +4,8 @@
 // Per op, on every rank: warm up (the first calls run the strict pre-check collective, see
 // Communicator::set_strict_calls), turn strict calls off, count one forward's and one
 // backward's collectives and bytes, check the outputs against a float64 reference, then time
-// forward + backward per iteration with the phase timer (src/ops/phase_timer.h). Each
+// forward + backward per iteration, split into phases by a communicator that wraps the real one
+// and stamps each collective's entry and exit (timed_communicator.h). Each
 // iteration's times are the slowest rank's; the row reports the median with min and max of the
 // whole call. The bare all-reduce of the same payloads runs in the same job, and a fit of the
 // alpha-beta model to bare all-reduces of several sizes gives the model column and projection.
@@ -21,7 +22,7 @@
 
 #include "bench_op.h"
 #include "cost_model.h"
-#include "ops/phase_timer.h"
+#include "timed_communicator.h"
 #include "tpnorm/mpi.h"
 
 using namespace tpnorm;
@@ -146,22 +147,23 @@ Row run_op(const BenchOp& op, const Flags& f, Communicator& world, const LinkMod
   row.op = op.name;
   auto c = op.make(f.cfg, rank, P);
   row.shape = c->local_shape();
+  TimedCommunicator timed(world);  // the op's communicator: counts and times its collectives
 
-  world.set_strict_calls(-1);  // warm-up calls run the strict pre-check, like a fresh communicator
+  timed.set_strict_calls(-1);  // warm-up calls run the strict pre-check, like a fresh communicator
   for (int i = 0; i < f.warmup; ++i) {
-    c->forward(world);
-    c->backward(world);
+    c->forward(timed);
+    c->backward(timed);
   }
-  world.set_strict_calls(0);  // measured calls: the header folded into the payload collective
+  timed.set_strict_calls(0);  // measured calls: the header folded into the payload collective
 
   const DType wire = f.cfg.stats == Stats::kNaive ? DType::F32 : DType::F64;
   const uint64_t w = dtype_size(wire), hdr = header_values(NormOptions{}.check_agreement);
-  world.reset_counters();
-  c->forward(world);
-  const CommCounters fc = world.counters();
-  world.reset_counters();
-  c->backward(world);
-  const CommCounters bc = world.counters();
+  timed.reset_counters();
+  c->forward(timed);
+  const CommCounters fc = timed.counters();
+  timed.reset_counters();
+  c->backward(timed);
+  const CommCounters bc = timed.counters();
   row.fwd_bytes = fc.bytes_sent;
   row.bwd_bytes = bc.bytes_sent;
   row.hdr_bytes = hdr * w;
@@ -180,13 +182,16 @@ Row run_op(const BenchOp& op, const Flags& f, Communicator& world, const LinkMod
       std::fprintf(stderr, "\r[bench] world %d  %-10s iteration %d/%d ", P, op.name, i + 1,
                    f.iters);
     MPI_Barrier(MPI_COMM_WORLD);
-    detail::PhaseTimes pt;
-    detail::set_phase_timer(&pt);
+    timed.reset_times();
     const double t0 = now_s();
-    c->forward(world);
-    c->backward(world);
+    timed.begin();
+    c->forward(timed);
+    timed.end();
+    timed.begin();
+    c->backward(timed);
+    timed.end();
+    const PhaseTimes& pt = timed.times();
     std::array<double, 4> t{pt.partial, pt.reduce, pt.apply, now_s() - t0};
-    detail::set_phase_timer(nullptr);
     MPI_Allreduce(MPI_IN_PLACE, t.data(), 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     row.partial.v.push_back(t[0]);
     row.reduce.v.push_back(t[1]);
@@ -283,7 +288,7 @@ void print_header(const Flags& f) {
               "backward\n",
               f.op.c_str(), (long long)f.cfg.rows, (long long)f.cfg.hidden, shape.c_str(),
               f.iters, f.warmup);
-  std::printf("# bytes: what each rank sends per call (communicator counters) = DESIGN.md payload "
+  std::printf("# bytes: what each rank sends per call (communicator counters) = payload (README \"One collective per call\") "
               "+ call header (hdr); strict pre-check off after warm-up\n");
   std::printf("# times in us per step, median over iterations of the slowest rank; bare = the "
               "same payloads as two bare all-reduces; model = fitted alpha-beta ring\n");
@@ -350,7 +355,7 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       report(r, f, P);
       if (!r.bytes_ok)
-        std::printf("# ERROR %s: bytes or collectives differ from the DESIGN.md formula\n",
+        std::printf("# ERROR %s: bytes or collectives differ from the README formula\n",
                     r.op.c_str());
       std::fflush(stdout);
     }
