@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "common/half.h"
+#include "common/pivot.h"
+#include "kernels/cpu/instantiate.h"
 #include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
@@ -27,13 +29,6 @@ namespace {
 
 // Channels-last rows summed in float32 per channel before the sums are added in W.
 constexpr int kRows = 16;
-// How far ahead the apply loops prefetch their inputs.
-constexpr int64_t kAheadBytes = 4096;
-
-int thread_count(const BatchNormArgs& a, int64_t work) {
-  const int t = a.threads > 0 ? a.threads : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work)));
-}
 
 // A channel's constant over the lanes: NCHW lanes share one channel, channels-last lanes are
 // consecutive channels starting at ch.
@@ -55,7 +50,7 @@ template <class W, class T, class Term>
 void channel_sums(const BatchNormArgs& a, W* out, const T* pf1, const T* pf2, Term term) {
   const int64_t c = a.c, inner = a.inner;
   if (!a.channels_last) {
-#pragma omp parallel for num_threads(thread_count(a, c)) schedule(static)
+#pragma omp parallel for num_threads(thread_count(a.threads, c)) schedule(static)
     for (int64_t ch = 0; ch < c; ++ch) {
       W s1 = 0, s2 = 0;
       for (int64_t b = 0; b < a.n; ++b) {
@@ -76,7 +71,7 @@ void channel_sums(const BatchNormArgs& a, W* out, const T* pf1, const T* pf2, Te
     return;
   }
   const int64_t rows = a.n * inner;
-  const int nt = thread_count(a, rows);
+  const int nt = thread_count(a.threads, rows);
   std::vector<W> acc(static_cast<size_t>(nt) * 2 * c, W(0));
 #pragma omp parallel num_threads(nt)
   {
@@ -121,8 +116,6 @@ void channel_sums(const BatchNormArgs& a, W* out, const T* pf1, const T* pf2, Te
 }
 
 // out[i] = value(i, k, V{}) for every element, in parallel; in1/in2 (in2 may be null) are the
-// inputs value reads, prefetched kAheadBytes ahead.
-// out[i] = value(i, k, V{}) for every element, in parallel; in1/in2 (in2 may be null) are the
 // inputs value reads, prefetched kAheadBytes ahead. Per-channel arrays that value reads with
 // LaneChannels must be padded by tile_channels.
 template <class T, class Value>
@@ -141,7 +134,7 @@ void apply_elements(const BatchNormArgs& a, const T* in1, const T* in2, T* out, 
   };
   if (!a.channels_last) {
     const int64_t planes = a.n * c;
-#pragma omp parallel num_threads(thread_count(a, planes))
+#pragma omp parallel num_threads(thread_count(a.threads, planes))
     {
 #pragma omp for schedule(static)
       for (int64_t bc = 0; bc < planes; ++bc)
@@ -153,7 +146,7 @@ void apply_elements(const BatchNormArgs& a, const T* in1, const T* in2, T* out, 
     // the channel of element i is i % c, tracked incrementally (write_row goes forward, at most
     // vf::L elements a step).
     const int64_t rows = a.n * inner;
-#pragma omp parallel num_threads(thread_count(a, rows))
+#pragma omp parallel num_threads(thread_count(a.threads, rows))
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       const int64_t lo = rows * t / nt * c, hi = rows * (t + 1) / nt * c;
@@ -178,38 +171,25 @@ void tile_channels(int64_t c, A&... v) {
       for (int64_t k = c; k < c + vf::L; ++k) p->push_back((*p)[k % c]);
 }
 
-// The exact split of a mean into float head + float tail.
+// split_mean of every channel's mean.
 template <class S>
 void split_means(int64_t c, const S* mean, std::vector<float>& head, std::vector<float>& tail) {
   head.resize(c);
   tail.resize(c);
-  for (int64_t ch = 0; ch < c; ++ch) {
-    head[ch] = static_cast<float>(mean[ch]);
-    tail[ch] = static_cast<float>(static_cast<double>(mean[ch]) - head[ch]);
-  }
+  for (int64_t ch = 0; ch < c; ++ch) split_mean(mean[ch], head[ch], tail[ch]);
 }
 
 }  // namespace
 
 template <class T, class W>
 void bn_partial_forward(const BatchNormArgs& a, const T* x, W* stats) {
-  // Robust: sums of d = x - pivot (float lanes, W across blocks), shifted back exactly
-  // enough. Naive: pivot 0.
+  // Robust: sums of d = x - pivot (float lanes, W across blocks) around each channel's robust
+  // pivot (common/pivot.h), shifted back exactly enough. Naive: pivot 0.
   std::vector<float> pivot(a.c, 0.0f);
   const int64_t m = a.n * a.inner;
-  // The pivot of a channel: the mean of its first few values on this rank (around the first,
-  // in double), so that it sits near the channel mean and sum d^2 stays about count * var
-  // (a single first value can sit several standard deviations out; see row_norm.cpp).
-  if (std::is_same_v<W, double> && m > 0)
-    for (int64_t ch = 0; ch < a.c; ++ch) {
-      const int64_t k = std::min<int64_t>(a.channels_last ? m : a.inner, 32);
-      const int64_t step = a.channels_last ? a.c : 1;
-      const T* first = x + (a.channels_last ? ch : ch * a.inner);
-      const double f0 = to_float(first[0]);
-      double s = 0;
-      for (int64_t i = 0; i < k; ++i) s += static_cast<double>(to_float(first[i * step])) - f0;
-      pivot[ch] = static_cast<float>(f0 + s / static_cast<double>(k));
-    }
+  if (std::is_same_v<W, double>)
+    for (int64_t ch = 0; ch < a.c; ++ch)
+      pivot[ch] = detail::channel_pivot(x, a.n, a.c, a.inner, a.channels_last, ch);
   const float* pv = pivot.data();
   const T* none = nullptr;
   channel_sums<W>(a, stats, x, none, [=](int64_t i, auto k, auto tag) {
@@ -296,28 +276,20 @@ void bn_param_grads(int64_t c, const W* local_stats, const S* invstd, T* dgamma,
   }
 }
 
-#define TPNORM_BN_INSTANTIATE_WS(T, W, S)                                                       \
+// W: the wire type of bn_partial_forward, the saved-statistics type of bn_apply_forward.
+#define TPNORM_BN_W(T, W)                                                                    \
+  template void bn_partial_forward<T, W>(const BatchNormArgs&, const T*, W*);                \
+  template void bn_apply_forward<T, W>(const BatchNormArgs&, const T*, const T*, const T*, \
+                                       const W*, const W*, T*);
+#define TPNORM_BN_WS(T, W, S)                                                                   \
   template void bn_partial_backward<T, W, S>(const BatchNormArgs&, const T*, const T*,         \
                                              const S*, W*);                                    \
   template void bn_apply_backward<T, W, S>(const BatchNormArgs&, const T*, const T*, const T*, \
                                            const S*, const S*, const W*, double, T*);          \
   template void bn_param_grads<T, W, S>(int64_t, const W*, const S*, T*, T*);
-#define TPNORM_BN_INSTANTIATE(T)                                                           \
-  template void bn_partial_forward<T, float>(const BatchNormArgs&, const T*, float*);     \
-  template void bn_partial_forward<T, double>(const BatchNormArgs&, const T*, double*);   \
-  template void bn_apply_forward<T, float>(const BatchNormArgs&, const T*, const T*,      \
-                                           const T*, const float*, const float*, T*);     \
-  template void bn_apply_forward<T, double>(const BatchNormArgs&, const T*, const T*,     \
-                                            const T*, const double*, const double*, T*);  \
-  TPNORM_BN_INSTANTIATE_WS(T, float, float)                                               \
-  TPNORM_BN_INSTANTIATE_WS(T, float, double)                                              \
-  TPNORM_BN_INSTANTIATE_WS(T, double, float)                                              \
-  TPNORM_BN_INSTANTIATE_WS(T, double, double)
-
+#define TPNORM_BN(T) TPNORM_FOR_EACH_W(TPNORM_BN_W, T) TPNORM_FOR_EACH_WS(TPNORM_BN_WS, T)
+TPNORM_FOR_EACH_STORAGE(TPNORM_BN)
 template void bn_moments<float>(int64_t, const float*, double, double*, double*);
 template void bn_moments<double>(int64_t, const double*, double, double*, double*);
-TPNORM_BN_INSTANTIATE(float)
-TPNORM_BN_INSTANTIATE(f16)
-TPNORM_BN_INSTANTIATE(bf16)
 
 }  // namespace tpnorm::kernels::cpu

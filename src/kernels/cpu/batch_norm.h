@@ -13,10 +13,10 @@
 //
 // Stats layout per channel ch: forward {sum x, sum x^2} at [2ch, 2ch+1]; backward
 // {sum dy, sum dy*(x-mean)}. W (the wire type) is double in the robust mode, where forward sums
-// are accumulated around a per-channel pivot (the mean of this rank's first 32 values of the channel), so
-// rounding does not grow with the count and 1e4 + N(0,1) loses nothing; shifting the sums back
-// for the wire still leaves a relative variance error of about 1e-16 * (mean/std)^2. W is
-// float in the naive mode.
+// are accumulated around a per-channel pivot (common/pivot.h, from this rank's first values of
+// the channel), so rounding does not grow with the count and 1e4 + N(0,1) loses nothing;
+// shifting the sums back for the wire still leaves a relative variance error of about
+// 1e-16 * (mean/std)^2. W is float in the naive mode.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,9 @@
 // group_norm.cpp — see group_norm.h.
 //
-// Element work is float32 like the row kernels; x - mean uses the same exact head + tail split
-// of the mean, so xhat keeps float accuracy when |mean| >> std.
+// The partials are the row kernels' over each (sample, channel) plane; the apply loops are
+// write_row (loops.h) over each plane with its group's constants. Element work is float32 like
+// the row kernels; x - mean uses the same exact head + tail split of the mean (split_mean), so
+// xhat keeps float accuracy when |mean| >> std.
 #include "kernels/cpu/group_norm.h"
 
 #include <omp.h>
@@ -11,25 +13,30 @@
 #include <vector>
 
 #include "common/half.h"
+#include "kernels/cpu/instantiate.h"
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/row_norm.h"
 
 namespace tpnorm::kernels::cpu {
 namespace {
-
-int threads_for(const GroupNormArgs& a, int64_t work) {
-  const int t = a.threads > 0 ? a.threads : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work)));
-}
 
 // Group slot of plane r = (sample, local channel).
 inline int64_t slot(const GroupNormArgs& a, int64_t r) {
   return (r / a.c_local) * a.groups + (a.c0 + r % a.c_local) / a.cpg;
 }
 
-template <class S>
-inline void split(S mean, float& head, float& tail) {
-  head = static_cast<float>(mean);
-  tail = static_cast<float>(static_cast<double>(mean) - static_cast<double>(head));
+// body(o, k, c, mh, mt) for every plane in parallel: o its first element, k its group slot,
+// c its local channel, mh + mt the split of its group's mean.
+template <class S, class Body>
+void for_each_plane(const GroupNormArgs& a, const S* mean, Body body) {
+  const int64_t planes = a.n * a.c_local;
+#pragma omp parallel for num_threads(thread_count(a.threads, planes)) schedule(static)
+  for (int64_t r = 0; r < planes; ++r) {
+    const int64_t k = slot(a, r);
+    float mh, mt;
+    split_mean(mean[k], mh, mt);
+    body(r * a.spatial, k, r % a.c_local, mh, mt);
+  }
 }
 
 // mean / rstd of every plane, from the per-group ones: the row kernels take them per row.
@@ -67,19 +74,16 @@ void group_apply_forward(const GroupNormArgs& a, const T* x, const T* gamma, con
     if (mean) mean[k] = static_cast<S>(mu[k]);
     if (rstd) rstd[k] = static_cast<S>(rs[k]);
   }
-  const int64_t planes = a.n * a.c_local;
-#pragma omp parallel for num_threads(threads_for(a, planes)) schedule(static)
-  for (int64_t r = 0; r < planes; ++r) {
-    const int64_t k = slot(a, r), c = r % a.c_local;
-    float mh, mt;
-    split(mu[k], mh, mt);
+  const T* none = nullptr;
+  for_each_plane(a, mu.data(), [&](int64_t o, int64_t k, int64_t c, float mh, float mt) {
     const float s = static_cast<float>(rs[k]) * (gamma ? to_float(gamma[c]) : 1.0f);
     const float b = beta ? to_float(beta[c]) : 0.0f;
-    const T* xr = x + r * a.spatial;
-    T* yr = y + r * a.spatial;
-    for (int64_t j = 0; j < a.spatial; ++j)
-      yr[j] = from_float<T>(((to_float(xr[j]) - mh) - mt) * s + b);
-  }
+    const T* xr = x + o;
+    write_row(y + o, a.spatial, false, none, none, [=](int64_t j, auto tag) {
+      using V = decltype(tag);
+      return fmadd((load_as<V>(xr + j) - splat<V>(mh)) - splat<V>(mt), splat<V>(s), splat<V>(b));
+    });
+  });
 }
 
 template <class T, class W, class S>
@@ -108,31 +112,30 @@ template <class T, class W, class S>
 void group_apply_backward(const GroupNormArgs& a, const T* dy, const T* x, const T* gamma,
                           const S* mean, const S* rstd, const W* stats, double count,
                           const double* dparams, T* dx, T* dgamma, T* dbeta) {
-  const int64_t planes = a.n * a.c_local;
-#pragma omp parallel for num_threads(threads_for(a, planes)) schedule(static)
-  for (int64_t r = 0; r < planes; ++r) {
-    const int64_t k = slot(a, r), c = r % a.c_local;
-    float mh, mt;
-    split(mean[k], mh, mt);
+  const T* none = nullptr;
+  for_each_plane(a, mean, [&](int64_t o, int64_t k, int64_t c, float mh, float mt) {
     const float rs = static_cast<float>(rstd[k]);
     const float c1 = static_cast<float>(static_cast<double>(stats[2 * k]) / count);
     const float c2 = static_cast<float>(static_cast<double>(stats[2 * k + 1]) / count);
     const float gm = gamma ? to_float(gamma[c]) : 1.0f;
-    const T* xr = x + r * a.spatial;
-    const T* dyr = dy + r * a.spatial;
-    T* dxr = dx + r * a.spatial;
-    for (int64_t j = 0; j < a.spatial; ++j) {
-      const float xhat = ((to_float(xr[j]) - mh) - mt) * rs;
-      dxr[j] = from_float<T>(rs * (gm * to_float(dyr[j]) - c1 - xhat * c2));
-    }
-  }
+    const T* xr = x + o;
+    const T* dyr = dy + o;
+    write_row(dx + o, a.spatial, false, none, none, [=](int64_t j, auto tag) {
+      using V = decltype(tag);
+      const V xhat = ((load_as<V>(xr + j) - splat<V>(mh)) - splat<V>(mt)) * splat<V>(rs);
+      return splat<V>(rs) * ((splat<V>(gm) * load_as<V>(dyr + j) - splat<V>(c1)) -
+                             xhat * splat<V>(c2));
+    });
+  });
   for (int64_t c = 0; c < a.c_local; ++c) {
     if (dgamma) dgamma[c] = from_float<T>(static_cast<float>(dparams[c]));
     if (dbeta) dbeta[c] = from_float<T>(static_cast<float>(dparams[a.c_local + c]));
   }
 }
 
-#define TPNORM_GROUP_INSTANTIATE_WS(T, W, S)                                                       \
+#define TPNORM_GROUP_W(T, W) \
+  template void group_partial_forward<T, W>(const GroupNormArgs&, const T*, W*);
+#define TPNORM_GROUP_WS(T, W, S)                                                                   \
   template void group_apply_forward<T, W, S>(const GroupNormArgs&, const T*, const T*, const T*,   \
                                              const W*, double, double, T*, S*, S*);                \
   template void group_partial_backward<T, W, S>(const GroupNormArgs&, const T*, const T*,          \
@@ -140,16 +143,7 @@ void group_apply_backward(const GroupNormArgs& a, const T* dy, const T* x, const
   template void group_apply_backward<T, W, S>(const GroupNormArgs&, const T*, const T*, const T*,  \
                                               const S*, const S*, const W*, double, const double*, \
                                               T*, T*, T*);
-#define TPNORM_GROUP_INSTANTIATE(T)                                                        \
-  template void group_partial_forward<T, float>(const GroupNormArgs&, const T*, float*);   \
-  template void group_partial_forward<T, double>(const GroupNormArgs&, const T*, double*); \
-  TPNORM_GROUP_INSTANTIATE_WS(T, float, float)                                             \
-  TPNORM_GROUP_INSTANTIATE_WS(T, float, double)                                            \
-  TPNORM_GROUP_INSTANTIATE_WS(T, double, float)                                            \
-  TPNORM_GROUP_INSTANTIATE_WS(T, double, double)
-
-TPNORM_GROUP_INSTANTIATE(float)
-TPNORM_GROUP_INSTANTIATE(f16)
-TPNORM_GROUP_INSTANTIATE(bf16)
+#define TPNORM_GROUP(T) TPNORM_FOR_EACH_W(TPNORM_GROUP_W, T) TPNORM_FOR_EACH_WS(TPNORM_GROUP_WS, T)
+TPNORM_FOR_EACH_STORAGE(TPNORM_GROUP)
 
 }  // namespace tpnorm::kernels::cpu

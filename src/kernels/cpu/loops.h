@@ -4,6 +4,7 @@
 // Formulas are generic lambdas f(j, V{}) over V = vf (the lanes at j) or float (element j).
 #pragma once
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,22 @@
 #include "kernels/cpu/simd.h"
 
 namespace tpnorm::kernels::cpu {
+
+/// OpenMP threads for `work` independent items: the caller's request (0: the OpenMP default),
+/// never more than the items, at least one.
+inline int thread_count(int requested, int64_t work) {
+  const int t = requested > 0 ? requested : omp_get_max_threads();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work)));
+}
+
+/// The exact split of a mean into float head + float tail: kernels form x - mean as
+/// (x - head) - tail, whose first difference is exact or one rounding of a small number, so
+/// xhat keeps float accuracy even when |mean| is 1e4 times the standard deviation.
+template <class S>
+inline void split_mean(S mean, float& head, float& tail) {
+  head = static_cast<float>(mean);
+  tail = static_cast<float>(static_cast<double>(mean) - static_cast<double>(head));
+}
 
 /// Two lane-wise values of a term.
 template <class V>

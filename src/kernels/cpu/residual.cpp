@@ -1,11 +1,9 @@
 // residual.cpp — see residual.h.
 #include "kernels/cpu/residual.h"
 
-#include <omp.h>
-
-#include <algorithm>
-
 #include "common/half.h"
+#include "kernels/cpu/instantiate.h"
+#include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
 
@@ -13,8 +11,7 @@ template <class T, class W>
 void residual_partial_forward(const RowNormArgs& a, const T* x, const T* f, float alpha, T* h,
                               W* stats) {
   const int k = a.centered ? 2 : 1;
-  const int nt = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(a.threads > 0 ? a.threads : omp_get_max_threads(), a.rows)));
+  const int nt = thread_count(a.threads, a.rows);
   // One row per step: the row kernel runs serially on a row that is hot in cache.
   const RowNormArgs one{1, a.h, a.centered, 1};
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -31,8 +28,7 @@ void residual_partial_forward(const RowNormArgs& a, const T* x, const T* f, floa
 template <class T>
 void residual_backward_epilogue(int64_t n, const T* dh_extra, float alpha, T* df, T* dx,
                                 int threads) {
-  const int nt = threads > 0 ? threads : omp_get_max_threads();
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(thread_count(threads, n)) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     // dh is rounded to T once (as df); dx is alpha times that stored value.
     const float dh = to_float(df[i]) + (dh_extra ? to_float(dh_extra[i]) : 0.0f);
@@ -41,15 +37,12 @@ void residual_backward_epilogue(int64_t n, const T* dh_extra, float alpha, T* df
   }
 }
 
-#define TPNORM_RESIDUAL_INSTANTIATE(T)                                                             \
-  template void residual_partial_forward<T, float>(const RowNormArgs&, const T*, const T*, float,  \
-                                                   T*, float*);                                    \
-  template void residual_partial_forward<T, double>(const RowNormArgs&, const T*, const T*, float, \
-                                                    T*, double*);                                  \
+#define TPNORM_RESIDUAL_W(T, W)                                                            \
+  template void residual_partial_forward<T, W>(const RowNormArgs&, const T*, const T*, float, \
+                                               T*, W*);
+#define TPNORM_RESIDUAL(T)                   \
+  TPNORM_FOR_EACH_W(TPNORM_RESIDUAL_W, T) \
   template void residual_backward_epilogue<T>(int64_t, const T*, float, T*, T*, int);
-
-TPNORM_RESIDUAL_INSTANTIATE(float)
-TPNORM_RESIDUAL_INSTANTIATE(f16)
-TPNORM_RESIDUAL_INSTANTIATE(bf16)
+TPNORM_FOR_EACH_STORAGE(TPNORM_RESIDUAL)
 
 }  // namespace tpnorm::kernels::cpu

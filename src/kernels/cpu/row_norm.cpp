@@ -9,7 +9,8 @@
 // - Loops are explicit float32 vectors (simd.h, loops.h): row sums in float32 lanes with two
 //   accumulator chains over blocks of kBlock elements, each block's sum added in W. Converting
 //   every element to double would halve the SIMD width; the robust forward sums d = x - pivot
-//   around the row's first element, so 1e4 + N(0,1) still loses nothing (d is small and exact).
+//   around the row's robust pivot (common/pivot.h: the mean of its first 32 elements), so
+//   1e4 + N(0,1) still loses nothing (d is small and exact).
 // - With a.fused (one rank: the reduce is the identity) each row's statistics are computed just
 //   before its apply loop, while the row is in L1/L2: one pass over memory instead of two.
 // - Loops prefetch their inputs kAheadBytes ahead (into the next row), so memory reads overlap
@@ -28,6 +29,8 @@
 #include <vector>
 
 #include "common/half.h"
+#include "common/pivot.h"
+#include "kernels/cpu/instantiate.h"
 #include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
@@ -35,11 +38,6 @@ namespace {
 
 // Rows whose float32 dgamma/dbeta sums are added into the double ones at a time.
 constexpr int kParamRows = 16;
-
-int thread_count(const RowNormArgs& a) {
-  const int t = a.threads > 0 ? a.threads : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, a.rows)));
-}
 
 // tensors: how many row-major [rows, h] tensors the kernel reads and writes.
 template <class T>
@@ -55,36 +53,14 @@ const T* ahead(const RowNormArgs& a, const T* base, int64_t r) {
   return base && (r + 1) * a.h + d <= a.rows * a.h ? base + r * a.h + d : nullptr;
 }
 
-// The exact split of a mean into float head + float tail.
-template <class S>
-inline void split_mean(S mean, float& head, float& tail) {
-  head = static_cast<float>(mean);
-  tail = static_cast<float>(static_cast<double>(mean) - static_cast<double>(head));
-}
-
-// The robust pivot: the mean of the row's first kPivotSpan elements (around its first
-// element, in double). Summing d = x - pivot keeps d small whatever the row's offset, and a
-// pivot within a fraction of a standard deviation of the mean keeps the float32 block sums of
-// d^2 about as large as the variance itself. x[0] alone can sit 2-3 std away, which made
-// sum(d^2) several times larger than n*var and cost up to ~1.4e-6 relative in rstd.
-constexpr int64_t kPivotSpan = 32;
-template <class T>
-inline float row_pivot(const T* xr, int64_t h) {
-  const int64_t n = std::min(h, kPivotSpan);
-  const double first = to_float(xr[0]);
-  double s = 0;
-  for (int64_t j = 0; j < n; ++j) s += static_cast<double>(to_float(xr[j])) - first;
-  return static_cast<float>(first + s / static_cast<double>(n));
-}
-
 // One row's forward partial: centred {sum x, sum x^2} or RMS {sum x^2} into st.
 template <class T, class W>
 inline void forward_sums(const RowNormArgs& a, const T* xr, W* st) {
   W s1 = 0, s2 = 0;
   if (a.h > 0) {
     if constexpr (std::is_same_v<W, double>) {
-      // Accumulate around a pivot from the row itself, then shift back exactly enough.
-      const float pivot = a.centered ? row_pivot(xr, a.h) : 0.0f;
+      // Accumulate around the row's robust pivot, then shift back exactly enough.
+      const float pivot = a.centered ? detail::robust_pivot(xr, a.h) : 0.0f;
       double d1, d2;
       block_sums<double>(a.h, [=](int64_t j, auto tag) {
         using V = decltype(tag);
@@ -142,7 +118,7 @@ inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const
 template <class T, class W>
 void row_partial_forward(const RowNormArgs& a, const T* x, W* stats) {
   const int k = a.centered ? 2 : 1;
-#pragma omp parallel for num_threads(thread_count(a)) schedule(static)
+#pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) forward_sums(a, x + r * a.h, stats + r * k);
 }
 
@@ -152,7 +128,7 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
   const bool stream = stream_rows<T>(a, 2);
-#pragma omp parallel num_threads(thread_count(a))
+#pragma omp parallel num_threads(thread_count(a.threads, a.rows))
   {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
@@ -193,7 +169,7 @@ void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T
                           const S* mean, const S* rstd, W* stats) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
-#pragma omp parallel for num_threads(thread_count(a)) schedule(static)
+#pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) {
     float mh = 0, mt = 0;
     if (a.centered) split_mean(mean[r], mh, mt);
@@ -208,7 +184,7 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
                         T* dgamma, T* dbeta) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
-  const int nt = thread_count(a);
+  const int nt = thread_count(a.threads, a.rows);
   const bool params = dgamma || dbeta;
   const bool stream = stream_rows<T>(a, 3);
   // Per-thread column sums in double, added in a fixed order: deterministic for a thread count.
@@ -276,23 +252,16 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
   }
 }
 
-#define TPNORM_ROW_INSTANTIATE_WS(T, W, S)                                                      \
+#define TPNORM_ROW_W(T, W) \
+  template void row_partial_forward<T, W>(const RowNormArgs&, const T*, W*);
+#define TPNORM_ROW_WS(T, W, S)                                                                  \
   template void row_apply_forward<T, W, S>(const RowNormArgs&, const T*, const T*, const T*,    \
                                            W*, double, double, T*, S*, S*);                     \
   template void row_partial_backward<T, W, S>(const RowNormArgs&, const T*, const T*, const T*, \
                                               const S*, const S*, W*);                          \
   template void row_apply_backward<T, W, S>(const RowNormArgs&, const T*, const T*, const T*,   \
                                             const S*, const S*, W*, double, T*, T*, T*);
-#define TPNORM_ROW_INSTANTIATE(T)                                                  \
-  template void row_partial_forward<T, float>(const RowNormArgs&, const T*, float*);   \
-  template void row_partial_forward<T, double>(const RowNormArgs&, const T*, double*); \
-  TPNORM_ROW_INSTANTIATE_WS(T, float, float)                                       \
-  TPNORM_ROW_INSTANTIATE_WS(T, float, double)                                      \
-  TPNORM_ROW_INSTANTIATE_WS(T, double, float)                                      \
-  TPNORM_ROW_INSTANTIATE_WS(T, double, double)
-
-TPNORM_ROW_INSTANTIATE(float)
-TPNORM_ROW_INSTANTIATE(f16)
-TPNORM_ROW_INSTANTIATE(bf16)
+#define TPNORM_ROW(T) TPNORM_FOR_EACH_W(TPNORM_ROW_W, T) TPNORM_FOR_EACH_WS(TPNORM_ROW_WS, T)
+TPNORM_FOR_EACH_STORAGE(TPNORM_ROW)
 
 }  // namespace tpnorm::kernels::cpu

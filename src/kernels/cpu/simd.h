@@ -27,19 +27,32 @@ inline float hsum8(__m256 v) {
 }
 #endif
 
+// The vector type and its operations, written once for both widths: TPNORM_MM(op) names the
+// intrinsic _mm512_op or _mm256_op.
 #if defined(__AVX512F__)
+#define TPNORM_MM(op) _mm512_##op
+using vreg = __m512;
+#elif defined(__AVX2__)
+#define TPNORM_MM(op) _mm256_##op
+using vreg = __m256;
+#endif
+
+#if defined(TPNORM_MM)
 struct vf {
-  static constexpr int L = 16;
-  __m512 v;
+  static constexpr int L = sizeof(vreg) / sizeof(float);
+  vreg v;
 };
-inline vf vload(const float* p) { return {_mm512_loadu_ps(p)}; }
-inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a.v); }
-inline void vstream(float* p, vf a) { _mm512_stream_ps(p, a.v); }  // p: 64-byte aligned
-inline vf vsplat(float s) { return {_mm512_set1_ps(s)}; }
-inline vf operator+(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
-inline vf operator-(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
-inline vf operator*(vf a, vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline vf fmadd(vf a, vf b, vf c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline vf vload(const float* p) { return {TPNORM_MM(loadu_ps)(p)}; }
+inline void vstore(float* p, vf a) { TPNORM_MM(storeu_ps)(p, a.v); }
+// p: aligned to the vector (64 / 32 bytes).
+inline void vstream(float* p, vf a) { TPNORM_MM(stream_ps)(p, a.v); }
+inline vf vsplat(float s) { return {TPNORM_MM(set1_ps)(s)}; }
+inline vf operator+(vf a, vf b) { return {TPNORM_MM(add_ps)(a.v, b.v)}; }
+inline vf operator-(vf a, vf b) { return {TPNORM_MM(sub_ps)(a.v, b.v)}; }
+inline vf operator*(vf a, vf b) { return {TPNORM_MM(mul_ps)(a.v, b.v)}; }
+inline vf fmadd(vf a, vf b, vf c) { return {TPNORM_MM(fmadd_ps)(a.v, b.v, c.v)}; }
+#undef TPNORM_MM
+#if defined(__AVX512F__)
 // Through memory: GCC 12 warns (-Wmaybe-uninitialized, a false positive) inside every
 // in-register 512-to-256 extraction, _mm512_reduce_add_ps included. Once per block: cheap.
 inline float hsum(vf a) {
@@ -47,20 +60,9 @@ inline float hsum(vf a) {
   _mm512_store_ps(b, a.v);
   return hsum8(_mm256_add_ps(_mm256_load_ps(b), _mm256_load_ps(b + 8)));
 }
-#elif defined(__AVX2__)
-struct vf {
-  static constexpr int L = 8;
-  __m256 v;
-};
-inline vf vload(const float* p) { return {_mm256_loadu_ps(p)}; }
-inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a.v); }
-inline void vstream(float* p, vf a) { _mm256_stream_ps(p, a.v); }  // p: 32-byte aligned
-inline vf vsplat(float s) { return {_mm256_set1_ps(s)}; }
-inline vf operator+(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
-inline vf operator-(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
-inline vf operator*(vf a, vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
-inline vf fmadd(vf a, vf b, vf c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+#else
 inline float hsum(vf a) { return hsum8(a.v); }
+#endif
 #else
 struct vf {
   static constexpr int L = 1;
