@@ -6,17 +6,31 @@
 // A call enqueues work and returns; it never synchronises the host, allocates, or calls MPI,
 // except in two documented places, both outside the steady state:
 //   * the first call that needs more workspace than any earlier call grows the communicator's
-//     device workspace (cudaMalloc); run a call once before capturing it in a CUDA graph;
+//     device workspace (cudaMalloc, no synchronisation); run a call once before capturing it
+//     in a CUDA graph. Growth never frees: the smaller block stays alive (graphs captured
+//     earlier replay into it) until the communicator is destroyed, so all blocks together stay
+//     below twice the largest;
 //   * the first Communicator::set_strict_calls() calls (16 by default) check every rank's
 //     arguments and call fingerprint on the HOST (MPI for communicators made from an MPI_Comm,
-//     else a small NCCL all-reduce and a stream synchronisation) before any device work, so a
+//     else a small NCCL all-reduce and a wait on the stream) before any device work, so a
 //     bad argument on one rank throws the same tpnorm::Error on every rank. set_strict_calls(0)
 //     turns this off.
 // After the strict calls, each rank still checks its own arguments on the host (a failing rank
-// throws after joining the collective), and the error flag, the global element count and the
-// call fingerprint travel in the header of the call's one collective; the apply kernels check
-// them ON DEVICE: a failed or disagreeing call leaves every output untouched and sets the
-// communicator's device error word, which cuda_check_errors() reports.
+// joins the collective with its error flag, then throws; so does a rank whose partial kernels
+// failed to launch), and the error flag, the global element count and the call fingerprint
+// travel in the header of the call's one collective; the apply kernels check them ON DEVICE:
+// a failed or disagreeing call leaves every output untouched and sets the communicator's
+// device error word, which cuda_check_errors() reports.
+//
+// Watchdog (Communicator::set_timeout, TPNORM_TIMEOUT): the NCCL communicator records an event
+// after each collective it enqueues and a host thread checks, every millisecond, that it
+// completes within timeout() and that ncclCommGetAsyncError reports nothing; otherwise it
+// prints the watchdog's message, calls ncclCommAbort and exits the process with status 124
+// (mpirun then ends the job). Collectives replayed from a captured graph are not watched.
+// A rank that cannot join a collective at all (its workspace could not grow after the strict
+// calls, ncclAllReduce failed) ends the job the same way at once, rather than leaving its
+// peers waiting. A borrowed non-blocking NCCL communicator's ncclInProgress is waited out by
+// polling ncclCommGetAsyncError (within timeout()).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,8 +51,10 @@ std::unique_ptr<Communicator> make_cuda_single_communicator(cudaStream_t stream,
 
 #ifdef TPNORM_WITH_NCCL
 /// Borrows a caller's NCCL communicator and stream: tpnorm never destroys either. Rank, size
-/// and device come from `comm`. The strict pre-check uses a small NCCL all-reduce plus a
-/// synchronisation of `stream` (there is no MPI to use).
+/// and device come from `comm`; `stream` must belong to that device (else tpnorm::Error
+/// kInvalidArgument) or be nullptr. `comm` may be non-blocking (ncclConfig_t::blocking = 0).
+/// The strict pre-check uses a small NCCL all-reduce plus a wait on `stream` (there is no MPI
+/// to use). On a watchdog abort tpnorm calls ncclCommAbort on `comm` before exiting.
 std::unique_ptr<Communicator> make_nccl_communicator(ncclComm_t comm, cudaStream_t stream);
 #endif
 
@@ -49,6 +65,7 @@ void cuda_check_errors(Communicator& comm);
 
 /// Grows the communicator's device workspace to at least `bytes` now, so later calls (and
 /// graph captures) never allocate. Optional: calls grow it themselves outside capture.
+/// Throws (kInvalidArgument) while the stream is being captured.
 void cuda_reserve_workspace(Communicator& comm, size_t bytes);
 
 }  // namespace tpnorm

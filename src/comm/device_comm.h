@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "tpnorm/communicator.h"
 
@@ -15,9 +16,10 @@ namespace tpnorm::detail {
 
 class DeviceCommunicator : public Communicator {
  public:
-  /// Device memory of at least `bytes`, 256-byte aligned. Grows (synchronising the stream
-  /// and reallocating) only when a call needs more than any earlier one; throws
-  /// tpnorm::Error if that happens while the stream is being captured.
+  /// Device memory of at least `bytes`, 256-byte aligned. Grows only when a call needs more
+  /// than any earlier one, keeping the old block alive until the communicator is destroyed
+  /// (captured graphs replay into it; see comm/cuda/workspace.h); throws tpnorm::Error if it
+  /// must grow while the stream is being captured, or if the allocation fails.
   virtual void* workspace(size_t bytes) = 0;
   /// The device word the apply kernels set when a call's header says a rank failed or the
   /// ranks disagree (an int, 0 = fine).
@@ -31,6 +33,10 @@ class DeviceCommunicator : public Communicator {
                               size_t zero_values) = 0;
   /// The CUDA device ordinal of this communicator's buffers and stream.
   virtual int device_index() const = 0;
+  /// Ends the job with `message`, the watchdog's way (ncclCommAbort or MPI_Abort, exit status
+  /// 124): for a rank that cannot join its call's collective, which its peers would otherwise
+  /// wait for forever.
+  [[noreturn]] virtual void abort_job(const std::string& message) = 0;
 };
 
 }  // namespace tpnorm::detail

@@ -1,14 +1,35 @@
 // cuda_comm.cpp — device-memory communicators: single GPU, NCCL (borrowed or made from an
 // MPI_Comm), and MPI staged through pinned host memory. See tpnorm/cuda.h for what each call
 // may and may not do (no host synchronisation, allocation or MPI call in the steady state).
+//
+// Never stranding a peer. Once a rank is inside a call's collective the others rely on it
+// joining theirs, so between the ops' prepare and the collective nothing here throws:
+//   * a kernel-launch error in the header write is kept and thrown only AFTER the collective
+//     has been enqueued (the header is then all-ones bits, NaN, which every rank's apply
+//     kernels reject);
+//   * a rank that cannot join at all (its workspace could not grow to the call's length after
+//     the strict calls, or the transport failed) ends the job at once with a message instead;
+//   * every collective is watched: the NCCL one by a host thread (watchdog.h), the MPI-staged
+//     one by polling MPI_Iallreduce / the stream against the deadline. An overdue collective
+//     ends the job with the watchdog's message (ncclCommAbort or MPI_Abort, exit status 124)
+//     within Communicator::timeout().
 #include <mpi.h>
 
-#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
-#include "comm/cuda/cuda_check.h"
+#include "comm/cuda/watchdog.h"
+#include "comm/cuda/workspace.h"
 #include "comm/device_comm.h"
 #include "comm/mpi_check.h"
+#include "common/cuda_check.h"
 #include "kernels/cuda/row_norm.h"
 #include "tpnorm/cuda_mpi.h"
 #include "tpnorm/error.h"
@@ -16,20 +37,54 @@
 namespace tpnorm {
 namespace {
 
+// Same exit status as `timeout` (and as the MPI communicator's watchdog): out of time.
+constexpr int kWatchdogExitCode = 124;
+
+// Polls done() until it is true (returns true) or `timeout_s` has passed (returns false);
+// timeout_s <= 0 waits forever. Reading the clock every 64th poll keeps it off short waits.
+template <class Done>
+bool poll_until(double timeout_s, Done&& done) {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  for (unsigned i = 1;; ++i) {
+    if (done()) return true;
+    if (timeout_s > 0 && i % 64 == 0 && clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+}
+
+void print_line(const std::string& m) {
+  std::fprintf(stderr, "%s\n", m.c_str());
+  std::fflush(stderr);
+}
+
 // Stream, device workspace and device error word: what every device communicator shares.
 class CudaCommBase : public detail::DeviceCommunicator {
  public:
-  CudaCommBase(cudaStream_t stream, int device) : stream_(stream), device_(device) {
+  CudaCommBase(cudaStream_t stream, int device)
+      : stream_(stream),
+        device_(device),
+        ws_([this](size_t n) {
+              detail::DeviceGuard g(device_);
+              void* p = nullptr;
+              TPNORM_CHECK(CUDA, cudaMalloc(&p, n));
+              return p;
+            },
+            [](void* p) { cudaFree(p); }) {
     detail::DeviceGuard g(device_);
     TPNORM_CHECK(CUDA, cudaMalloc(&err_, 256));
-    TPNORM_CHECK(CUDA, cudaMemset(err_, 0, 256));
+    // On the communicator's stream, like every later access of the word: a clear on the
+    // legacy stream would be unordered with the kernels that set it.
+    TPNORM_CHECK(CUDA, cudaMemsetAsync(err_, 0, 256, stream_));
   }
   ~CudaCommBase() override {
-    // cudaFree waits for work that may still use the buffers; errors cannot be thrown here.
+    // Errors cannot be thrown here; the stream is drained before its memory goes.
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(device_);
-    if (ws_) cudaFree(ws_);
+    cudaStreamSynchronize(stream_);
+    ws_.release_all();
     if (err_) cudaFree(err_);
     cudaSetDevice(prev);
   }
@@ -38,44 +93,55 @@ class CudaCommBase : public detail::DeviceCommunicator {
   int device_index() const override { return device_; }
   int* error_word() override { return static_cast<int*>(err_); }
 
-  void* workspace(size_t bytes) override {
-    if (bytes <= cap_ && ws_) return ws_;
-    if (capturing())
-      throw Error(ErrorCode::kInvalidArgument,
-                  "tpnorm: the device workspace must grow to " + std::to_string(bytes) +
-                      " bytes while the stream is being captured; run the call once before "
-                      "capturing it, or call tpnorm::cuda_reserve_workspace");
-    detail::DeviceGuard g(device_);
-    TPNORM_CHECK(CUDA, cudaStreamSynchronize(stream_));  // earlier calls may still use it
-    if (ws_) TPNORM_CHECK(CUDA, cudaFree(ws_));
-    ws_ = nullptr;
-    const size_t n = std::max<size_t>({bytes, 2 * cap_, size_t{1} << 16});
-    cap_ = 0;
-    TPNORM_CHECK(CUDA, cudaMalloc(&ws_, n));
-    cap_ = n;
-    return ws_;
-  }
+  void* workspace(size_t bytes) override { return ws_.get(bytes, capturing()); }
 
+  // Never throws before the collective (see the file comment): a failed launch leaves an
+  // all-ones header (NaN: rejected on every rank) and its error for after the collective.
   void enqueue_header(void* base, DType wire, const double* header, size_t nh,
                       size_t zero_values) override {
-    kernels::cuda::write_header(base, wire == DType::F64, header, static_cast<int>(nh),
-                                zero_values, stream_);
+    const size_t wsz = dtype_size(wire);
+    if (ws_.owns(base) && !ws_.fits(base, (nh + zero_values) * wsz)) return;  // cannot join
+    try {
+      kernels::cuda::write_header(base, wire == DType::F64, header, static_cast<int>(nh),
+                                  zero_values, stream_);
+    } catch (const Error& e) {
+      if (pending_error_.empty()) pending_error_ = e.what();
+      cudaMemsetAsync(base, 0xff, nh * wsz, stream_);
+    }
   }
 
  protected:
   bool capturing() const {
     cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
-    TPNORM_CHECK(CUDA, cudaStreamIsCapturing(stream_, &s));
+    if (cudaStreamIsCapturing(stream_, &s) != cudaSuccess) return false;
     return s != cudaStreamCaptureStatusNone;
+  }
+  /// False when `bytes` at `buf` (workspace memory) exceed the workspace: the rank could not
+  /// grow it for this call and cannot join a collective of the length the others use.
+  bool joinable(const void* buf, size_t bytes) const {
+    return !ws_.owns(buf) || ws_.fits(buf, bytes);
+  }
+  std::string cannot_join_message(size_t bytes) const {
+    return "tpnorm: rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
+           ": cannot join the collective (" + std::to_string(bytes) +
+           " bytes; the device workspace could not grow to it): ending the job, the other "
+           "ranks would wait for it forever";
+  }
+  /// Throws the error kept by enqueue_header, once the collective is enqueued.
+  void throw_pending() {
+    if (pending_error_.empty()) return;
+    std::string m;
+    m.swap(pending_error_);
+    throw Error(ErrorCode::kCommunication, m);
   }
 
   cudaStream_t stream_;
   int device_;
 
  private:
-  void* ws_ = nullptr;
-  size_t cap_ = 0;
+  detail::Workspace ws_;
   void* err_ = nullptr;
+  std::string pending_error_;
 };
 
 class CudaSingleCommunicator final : public CudaCommBase {
@@ -84,9 +150,13 @@ class CudaSingleCommunicator final : public CudaCommBase {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void control_all_reduce_sum(double*, size_t) override {}  // the sum over one rank
+  [[noreturn]] void abort_job(const std::string& message) override {
+    print_line(message);
+    std::_Exit(kWatchdogExitCode);
+  }
 
  protected:
-  void do_all_reduce_sum(void*, size_t, DType) override {}
+  void do_all_reduce_sum(void*, size_t, DType) override { throw_pending(); }
 };
 
 MPI_Datatype mpi_type(DType t) {
@@ -97,7 +167,9 @@ MPI_Datatype mpi_type(DType t) {
                   dtype_name(t));
 }
 
-// An MPI duplicate of the caller's communicator, for control (and staged) traffic.
+// An MPI duplicate of the caller's communicator, for control (and staged) traffic. sum() is
+// MPI_Iallreduce polled with MPI_Test against the deadline; overdue() is called (it ends the
+// job) when the peers never join.
 struct MpiDup {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
@@ -112,20 +184,37 @@ struct MpiDup {
     MPI_Finalized(&finalized);
     if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
-  void sum(void* buf, size_t count, DType t) const {
+  template <class Overdue>
+  void sum(void* buf, size_t count, DType t, double timeout_s, Overdue&& overdue) const {
     constexpr size_t kChunk = size_t{1} << 30;  // MPI counts are int
     char* p = static_cast<char*>(buf);
     for (size_t done = 0; done < count; done += kChunk) {
       const size_t n = std::min(kChunk, count - done);
-      TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, p + done * dtype_size(t),
-                                      static_cast<int>(n), mpi_type(t), MPI_SUM, comm));
+      MPI_Request req;
+      TPNORM_CHECK(MPI, MPI_Iallreduce(MPI_IN_PLACE, p + done * dtype_size(t),
+                                       static_cast<int>(n), mpi_type(t), MPI_SUM, comm, &req));
+      int rc = MPI_SUCCESS;
+      const bool in_time = poll_until(timeout_s, [&] {
+        int flag = 0;
+        rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        return rc != MPI_SUCCESS || flag != 0;
+      });
+      if (!in_time) overdue();
+      TPNORM_CHECK(MPI, rc);
     }
   }
 };
 
-// Device buffer -> pinned host -> MPI_Allreduce -> device. The stream synchronisation makes
+// Ends the job from the calling (main) thread: the MPI communicators' watchdog rule.
+[[noreturn]] void mpi_abort_job(const std::string& message) {
+  print_line(message);
+  MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);
+  std::_Exit(kWatchdogExitCode);  // MPI_Abort does not return; if it did, still end
+}
+
+// Device buffer -> pinned host -> MPI all-reduce -> device. The stream synchronisation makes
 // this the one communicator that is not graph-capturable; it exists so that several ranks can
-// share one GPU (NCCL refuses that).
+// share one GPU (NCCL refuses that). Waits (stream and MPI) are polled against timeout().
 class MpiStagedCommunicator final : public CudaCommBase {
  public:
   MpiStagedCommunicator(MPI_Comm comm, cudaStream_t stream, int device)
@@ -138,7 +227,10 @@ class MpiStagedCommunicator final : public CudaCommBase {
   }
   int rank() const override { return mpi_.rank; }
   int size() const override { return mpi_.size; }
-  void control_all_reduce_sum(double* buf, size_t n) override { mpi_.sum(buf, n, DType::F64); }
+  void control_all_reduce_sum(double* buf, size_t n) override {
+    mpi_.sum(buf, n, DType::F64, timeout(), [&] { mpi_abort_job(watchdog_message()); });
+  }
+  [[noreturn]] void abort_job(const std::string& message) override { mpi_abort_job(message); }
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
@@ -147,21 +239,48 @@ class MpiStagedCommunicator final : public CudaCommBase {
                   "tpnorm: the MPI-staged device communicator cannot be captured in a CUDA graph");
     detail::DeviceGuard g(device_);
     const size_t bytes = count * dtype_size(dtype);
-    TPNORM_CHECK(CUDA, cudaStreamSynchronize(stream_));
+    if (!joinable(buf, bytes)) mpi_abort_job(cannot_join_message(bytes));
+    wait_stream();
     if (bytes > host_cap_) {
-      if (host_) TPNORM_CHECK(CUDA, cudaFreeHost(host_));
+      if (host_) cudaFreeHost(host_);
       host_ = nullptr;
       host_cap_ = 0;
-      TPNORM_CHECK(CUDA, cudaMallocHost(&host_, bytes));
+      if (cudaMallocHost(&host_, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        host_ = nullptr;
+        mpi_abort_job(cannot_join_message(bytes) + " (pinned host memory)");
+      }
       host_cap_ = bytes;
     }
-    TPNORM_CHECK(CUDA, cudaMemcpyAsync(host_, buf, bytes, cudaMemcpyDeviceToHost, stream_));
-    TPNORM_CHECK(CUDA, cudaStreamSynchronize(stream_));
-    mpi_.sum(host_, count, dtype);
-    TPNORM_CHECK(CUDA, cudaMemcpyAsync(buf, host_, bytes, cudaMemcpyHostToDevice, stream_));
+    stream_call(cudaMemcpyAsync(host_, buf, bytes, cudaMemcpyDeviceToHost, stream_));
+    wait_stream();
+    mpi_.sum(host_, count, dtype, timeout(), [&] { mpi_abort_job(watchdog_message()); });
+    stream_call(cudaMemcpyAsync(buf, host_, bytes, cudaMemcpyHostToDevice, stream_));
+    throw_pending();
   }
 
  private:
+  // The stream's earlier work (the partial kernels) must finish before the copy is read; a
+  // stream that never finishes, or fails, would leave the peers in MPI: end the job.
+  void wait_stream() {
+    cudaError_t e = cudaSuccess;
+    const bool in_time = poll_until(timeout(), [&] {
+      e = cudaStreamQuery(stream_);
+      return e != cudaErrorNotReady;
+    });
+    if (!in_time) mpi_abort_job(watchdog_message() + " (waiting for the device stream)");
+    if (e != cudaSuccess)
+      mpi_abort_job("tpnorm: rank " + std::to_string(rank()) +
+                    ": the device stream failed before the collective (" +
+                    detail::CUDA_error_string(e) + "): ending the job");
+  }
+  void stream_call(cudaError_t e) {
+    if (e != cudaSuccess)
+      mpi_abort_job("tpnorm: rank " + std::to_string(rank()) +
+                    ": a copy for the collective failed (" + detail::CUDA_error_string(e) +
+                    "): ending the job");
+  }
+
   MpiDup mpi_;
   void* host_ = nullptr;
   size_t host_cap_ = 0;
@@ -177,32 +296,105 @@ ncclDataType_t nccl_type(DType t) {
   }
 }
 
+// A non-blocking communicator (ncclConfig_t::blocking = 0, e.g. a caller's) may answer
+// ncclInProgress: the operation is still being set up. Polls ncclCommGetAsyncError until it
+// settles, for at most timeout_s (then returns ncclInProgress).
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, double timeout_s) {
+  if (r != ncclInProgress) return r;
+  poll_until(timeout_s, [&] {
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclInternalError;
+    return r != ncclInProgress;
+  });
+  return r;
+}
+
 int nccl_device(ncclComm_t c) {
   int d = 0;
-  TPNORM_CHECK(NCCL, ncclCommCuDevice(c, &d));
+  TPNORM_CHECK(NCCL, settle(c, ncclCommCuDevice(c, &d), 0));
   return d;
 }
 
-// ncclAllReduce on the caller's stream. Owns the ncclComm_t only when tpnorm made it.
+/// The device of `stream`, or -1 for the legacy / per-thread default stream (which runs on
+/// whatever device is current when work is enqueued).
+int stream_device(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+    return -1;
+  int d = -1;
+  TPNORM_CHECK(CUDA, cudaStreamGetDevice(stream, &d));
+  return d;
+}
+
+void check_stream_device(cudaStream_t stream, int device) {
+  const int sd = stream_device(stream);
+  if (sd >= 0 && sd != device)
+    throw Error(ErrorCode::kInvalidArgument,
+                "tpnorm: the stream belongs to CUDA device " + std::to_string(sd) +
+                    " but the NCCL communicator is on device " + std::to_string(device) +
+                    "; create the stream on the communicator's device (cudaSetDevice first)");
+}
+
+// ncclAllReduce on the caller's stream, watched by a Watchdog thread. Owns the ncclComm_t
+// only when tpnorm made it.
 class NcclCommunicator final : public CudaCommBase {
  public:
   NcclCommunicator(ncclComm_t comm, cudaStream_t stream, bool own, MPI_Comm control)
       : CudaCommBase(stream, nccl_device(comm)), comm_(comm), own_(own) {
-    TPNORM_CHECK(NCCL, ncclCommUserRank(comm_, &rank_));
-    TPNORM_CHECK(NCCL, ncclCommCount(comm_, &size_));
+    check_stream_device(stream, device_);
+    TPNORM_CHECK(NCCL, settle(comm_, ncclCommUserRank(comm_, &rank_), 0));
+    TPNORM_CHECK(NCCL, settle(comm_, ncclCommCount(comm_, &size_), 0));
     if (control != MPI_COMM_NULL) mpi_ = std::make_unique<MpiDup>(control);
+    detail::Watchdog::Hooks h;
+    h.on_start = [this] {
+      cudaSetDevice(device_);
+      // Relaxed: the queries below stay legal while the caller captures a graph in global
+      // mode on another thread (and cannot invalidate that capture).
+      cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+      cudaThreadExchangeStreamCaptureMode(&m);
+    };
+    h.probe = [this](uint64_t t, std::string* why) {
+      const cudaError_t e = cudaEventQuery(event(t));
+      if (e == cudaSuccess) return detail::Watchdog::State::kDone;
+      if (e == cudaErrorNotReady) return detail::Watchdog::State::kPending;
+      *why = detail::CUDA_error_string(e);
+      return detail::Watchdog::State::kFailed;
+    };
+    h.release = [this](uint64_t t) {
+      std::lock_guard<std::mutex> g(ev_mu_);
+      free_events_.push_back(t);
+    };
+    h.async_error = [this]() -> std::string {
+      ncclResult_t r = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess || r == ncclSuccess ||
+          r == ncclInProgress)
+        return {};
+      return "tpnorm watchdog: rank " + std::to_string(rank_) + " of " +
+             std::to_string(size_) + ": NCCL reported an asynchronous error: " +
+             detail::NCCL_error_string(r) + "; aborting the job";
+    };
+    h.fire = [this](const std::string& m) { end_job(m); };
+    watchdog_ = std::make_unique<detail::Watchdog>(std::move(h));
   }
   ~NcclCommunicator() override {
-    if (ctrl_) cudaFree(ctrl_);
+    watchdog_.reset();  // joins its thread before anything it touches goes
+    {
+      int prev = 0;
+      cudaGetDevice(&prev);
+      cudaSetDevice(device_);
+      cudaStreamSynchronize(stream_);
+      for (cudaEvent_t e : events_) cudaEventDestroy(e);
+      if (ctrl_) cudaFree(ctrl_);
+      cudaSetDevice(prev);
+    }
     if (own_) ncclCommDestroy(comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  [[noreturn]] void abort_job(const std::string& message) override { end_job(message); }
 
-  // MPI when the communicator came from an MPI_Comm; else NCCL plus a stream synchronisation
-  // (strict calls and diagnoses only, never in the steady state).
+  // MPI when the communicator came from an MPI_Comm; else NCCL plus a polled wait on the
+  // stream (strict calls and diagnoses only, never in the steady state).
   void control_all_reduce_sum(double* buf, size_t n) override {
-    if (mpi_) return mpi_->sum(buf, n, DType::F64);
+    if (mpi_) return mpi_->sum(buf, n, DType::F64, timeout(), [&] { end_job(watchdog_message()); });
     if (capturing())
       throw Error(ErrorCode::kInvalidArgument,
                   "tpnorm: a strict call (host-side agreement check) cannot be captured in a "
@@ -218,25 +410,117 @@ class NcclCommunicator final : public CudaCommBase {
       ctrl_cap_ = bytes;
     }
     TPNORM_CHECK(CUDA, cudaMemcpyAsync(ctrl_, buf, bytes, cudaMemcpyHostToDevice, stream_));
-    TPNORM_CHECK(NCCL, ncclAllReduce(ctrl_, ctrl_, n, ncclFloat64, ncclSum, comm_, stream_));
+    collective(ctrl_, n, ncclFloat64);
     TPNORM_CHECK(CUDA, cudaMemcpyAsync(buf, ctrl_, bytes, cudaMemcpyDeviceToHost, stream_));
-    TPNORM_CHECK(CUDA, cudaStreamSynchronize(stream_));
+    cudaError_t e = cudaSuccess;
+    const bool in_time = poll_until(timeout(), [&] {
+      e = cudaStreamQuery(stream_);
+      return e != cudaErrorNotReady;
+    });
+    if (!in_time) end_job(watchdog_message());
+    TPNORM_CHECK(CUDA, e);
   }
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
-    TPNORM_CHECK(NCCL,
-                 ncclAllReduce(buf, buf, count, nccl_type(dtype), ncclSum, comm_, stream_));
+    const size_t bytes = count * dtype_size(dtype);
+    if (!joinable(buf, bytes)) end_job(cannot_join_message(bytes));
+    collective(buf, count, nccl_type(dtype));
+    watch();
+    throw_pending();
   }
 
  private:
+  // Enqueues the all-reduce; a failure here leaves the peers inside theirs: end the job.
+  void collective(void* buf, size_t count, ncclDataType_t type) {
+    const ncclResult_t r =
+        settle(comm_, ncclAllReduce(buf, buf, count, type, ncclSum, comm_, stream_), timeout());
+    if (r == ncclSuccess) return;
+    end_job(r == ncclInProgress
+                ? watchdog_message()
+                : "tpnorm: rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+                      ": ncclAllReduce failed: " + detail::NCCL_error_string(r) +
+                      "; aborting the job (the other ranks cannot finish the collective)");
+  }
+
+  // An event after the collective, for the watchdog thread (not while capturing: a replay is
+  // not enqueued by tpnorm, and the event would become part of the graph).
+  void watch() {
+    if (!(timeout() > 0) || capturing()) return;
+    uint64_t t = 0;
+    {
+      std::lock_guard<std::mutex> g(ev_mu_);
+      if (free_events_.empty()) {
+        cudaEvent_t e = nullptr;
+        if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+          (void)cudaGetLastError();
+          return;  // unwatched, but the call itself is fine
+        }
+        events_.push_back(e);
+        free_events_.push_back(events_.size() - 1);
+      }
+      t = free_events_.back();
+      free_events_.pop_back();
+    }
+    if (cudaEventRecord(event(t), stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      std::lock_guard<std::mutex> g(ev_mu_);
+      free_events_.push_back(t);
+      return;
+    }
+    watchdog_->watch(t, timeout(), watchdog_message());
+  }
+
+  cudaEvent_t event(uint64_t t) {
+    std::lock_guard<std::mutex> g(ev_mu_);
+    return events_[t];
+  }
+
+  // The watchdog's end of the job, from either thread: message, abort NCCL (so that no kernel
+  // of this rank keeps waiting), exit. mpirun then ends the other ranks.
+  [[noreturn]] void end_job(const std::string& message) {
+    print_line(message);
+    ncclCommAbort(comm_);
+    std::_Exit(kWatchdogExitCode);
+  }
+
   ncclComm_t comm_;
   bool own_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<MpiDup> mpi_;
   void* ctrl_ = nullptr;
   size_t ctrl_cap_ = 0;
+  std::mutex ev_mu_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<uint64_t> free_events_;
+  std::unique_ptr<detail::Watchdog> watchdog_;  // last: its thread uses the members above
 };
+
+// Every rank learns whether any rank failed a local step of a collective set-up; if one did,
+// all throw the first failing rank's message (so no rank waits in a later step for it).
+void agree_or_throw(MPI_Comm comm, const std::string& local_error, const char* step) {
+  int me = 0;
+  TPNORM_CHECK(MPI, MPI_Comm_rank(comm, &me));
+  int first = local_error.empty() ? INT_MAX : me;
+  TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == INT_MAX) return;
+  char msg[512] = {};
+  if (me == first) std::strncpy(msg, local_error.c_str(), sizeof msg - 1);
+  TPNORM_CHECK(MPI, MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, comm));
+  throw Error(ErrorCode::kCommunication, std::string("tpnorm: make_nccl_communicator: ") +
+                                             step + " failed on rank " +
+                                             std::to_string(first) + ": " + msg);
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
 #endif
 
 }  // namespace
@@ -250,15 +534,24 @@ std::unique_ptr<Communicator> make_mpi_staged_cuda_communicator(MPI_Comm comm,
   return std::make_unique<MpiStagedCommunicator>(comm, stream, device);
 }
 
-int local_cuda_device(MPI_Comm comm) {
+namespace {
+// This rank's rank among the ranks of `comm` on its node (collective over comm).
+int node_local_rank(MPI_Comm comm) {
   MPI_Comm node = MPI_COMM_NULL;
-  int rank = 0, local = 0, count = 0;
+  int rank = 0, local = 0;
   TPNORM_CHECK(MPI, MPI_Comm_rank(comm, &rank));
   TPNORM_CHECK(MPI, MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
   const int rc = MPI_Comm_rank(node, &local);
   MPI_Comm_free(&node);
   TPNORM_CHECK(MPI, rc);
-  TPNORM_CHECK(CUDA, cudaGetDeviceCount(&count));
+  return local;
+}
+}  // namespace
+
+int local_cuda_device(MPI_Comm comm) {
+  const int local = node_local_rank(comm);
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) (void)cudaGetLastError(), count = 0;
   return count > 0 ? local % count : 0;
 }
 
@@ -267,24 +560,65 @@ std::unique_ptr<Communicator> make_nccl_communicator(ncclComm_t comm, cudaStream
   return std::make_unique<NcclCommunicator>(comm, stream, false, MPI_COMM_NULL);
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t stream) {
-  const int device = local_cuda_device(comm);
-  TPNORM_CHECK(CUDA, cudaSetDevice(device));
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t stream,
+                                                     int device) {
   int rank = 0, size = 1;
   TPNORM_CHECK(MPI, MPI_Comm_rank(comm, &rank));
   TPNORM_CHECK(MPI, MPI_Comm_size(comm, &size));
-  // Rank 0's id and whether it got one: the other ranks must not wait for an id that failed.
+  // 1. Each rank's local checks, agreed on before anyone waits for anyone.
+  agree_or_throw(comm, error_of([&] {
+                   int count = 0;
+                   TPNORM_CHECK(CUDA, cudaGetDeviceCount(&count));
+                   if (device < 0 || device >= count)
+                     throw Error(ErrorCode::kInvalidArgument,
+                                 "device " + std::to_string(device) + " is not one of the " +
+                                     std::to_string(count) + " visible CUDA devices");
+                   check_stream_device(stream, device);
+                   TPNORM_CHECK(CUDA, cudaSetDevice(device));
+                 }),
+                 "choosing the device");
+  // 2. Rank 0's unique id; whether it got one travels with it.
   struct {
     int ok;
     ncclUniqueId id;
   } msg{};
   if (rank == 0) msg.ok = ncclGetUniqueId(&msg.id) == ncclSuccess ? 1 : 0;
   TPNORM_CHECK(MPI, MPI_Bcast(&msg, sizeof msg, MPI_BYTE, 0, comm));
-  if (!msg.ok) throw Error(ErrorCode::kCommunication, "tpnorm: ncclGetUniqueId failed on rank 0");
-  TPNORM_CHECK(MPI, MPI_Barrier(comm));
+  if (!msg.ok)
+    throw Error(ErrorCode::kCommunication,
+                "tpnorm: make_nccl_communicator: ncclGetUniqueId failed on rank 0");
+  // 3. The NCCL communicator, then agreement that every rank has one.
   ncclComm_t nc = nullptr;
-  TPNORM_CHECK(NCCL, ncclCommInitRank(&nc, size, msg.id, rank));
-  return std::make_unique<NcclCommunicator>(nc, stream, true, comm);
+  std::unique_ptr<Communicator> made;
+  std::string err = error_of([&] {
+    TPNORM_CHECK(NCCL, ncclCommInitRank(&nc, size, msg.id, rank));
+    made = std::make_unique<NcclCommunicator>(nc, stream, true, comm);
+  });
+  if (!err.empty() && nc && !made) ncclCommAbort(nc);
+  try {
+    agree_or_throw(comm, err, "ncclCommInitRank");
+  } catch (...) {
+    if (made) made.reset();
+    throw;
+  }
+  return made;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t stream) {
+  int local = 0, count = 0;
+  std::string err = error_of([&] {
+    local = node_local_rank(comm);
+    TPNORM_CHECK(CUDA, cudaGetDeviceCount(&count));
+  });
+  // One visible GPU per rank (CUDA_VISIBLE_DEVICES set per rank by the launcher): device 0.
+  // Else the node-local rank, which must have a GPU of its own (NCCL refuses sharing).
+  const int device = count == 1 ? 0 : local;
+  if (err.empty() && count > 1 && local >= count)
+    err = "node-local rank " + std::to_string(local) + " has no GPU of its own (" +
+          std::to_string(count) + " visible); use one rank per GPU, or "
+          "make_mpi_staged_cuda_communicator to share a GPU";
+  agree_or_throw(comm, err, "finding this rank's GPU");
+  return make_nccl_communicator(comm, stream, device);
 }
 #endif
 
@@ -294,10 +628,12 @@ void cuda_check_errors(Communicator& comm) {
   detail::DeviceGuard g(d->device_index());
   const auto s = static_cast<cudaStream_t>(d->stream());
   int flag = 0;
+  // Read and clear in stream order, after every call enqueued before this check.
+  TPNORM_CHECK(CUDA, cudaMemcpyAsync(&flag, d->error_word(), sizeof flag, cudaMemcpyDeviceToHost, s));
   TPNORM_CHECK(CUDA, cudaStreamSynchronize(s));
-  TPNORM_CHECK(CUDA, cudaMemcpy(&flag, d->error_word(), sizeof flag, cudaMemcpyDeviceToHost));
   if (!flag) return;
-  TPNORM_CHECK(CUDA, cudaMemset(d->error_word(), 0, sizeof flag));
+  TPNORM_CHECK(CUDA, cudaMemsetAsync(d->error_word(), 0, sizeof flag, s));
+  TPNORM_CHECK(CUDA, cudaStreamSynchronize(s));
   throw Error(ErrorCode::kMismatch,
               "tpnorm: a device call on rank " + std::to_string(comm.rank()) +
                   " found a rank that failed or ranks that disagree on the call; its outputs "

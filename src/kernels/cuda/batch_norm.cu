@@ -5,21 +5,34 @@
 // make the per-split partial sums; combine adds the splits in order per channel; fwd_consts /
 // bwd_consts make the per-channel constants; apply_fwd / apply_bwd are element-wise;
 // param_grads writes dgamma / dbeta. Templates: only the storage type (and the pass).
+#include "kernels/cuda/batch_norm.h"
+
 #include <algorithm>
 
-#include "comm/cuda/cuda_check.h"
 #include "common/half.h"
-#include "kernels/cuda/batch_norm.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/plan.h"
 
 namespace tpnorm::kernels::cuda {
 namespace {
 
-constexpr int kWide = 256, kTileC = 32, kTileR = 8;
+constexpr int kWide = kBnWide, kTileC = kBnTileC, kTileR = kBnTileR;
 
 struct Geo {
   int64_t outer, c, inner;
+  bool channels_last = false;  // only the pivot's span depends on it (as on CPU)
+  bool has_values = false;     // outer * inner > 0: only then may x be read
 };
+
+// The robust pivot of channel ch on this rank, with the CPU kernels' span: the first values
+// of its NCHW plane, or of its channels-last column (stride c).
+template <class T>
+__device__ __forceinline__ float channel_pivot(const Geo& g, const T* x, int64_t ch) {
+  if (!g.has_values) return 0.0f;
+  if (g.channels_last) return robust_pivot(x + ch, g.outer, g.c);
+  return robust_pivot(x + ch * g.inner, g.inner);
+}
 
 // The values a pass sums per element: forward {d, d^2} with d = x - pivot; backward
 // {dy, dy * (x - mean)}.
@@ -47,7 +60,7 @@ __device__ __forceinline__ void channel_ref(const Geo& g, const T* x, const void
   if (kBwd) {
     split_mean(load_fd(mean, ch, s64), a, b);
   } else {
-    a = robust && g.outer > 0 ? to_f(x[ch * g.inner]) : 0.0f;  // this rank's first element
+    a = robust ? channel_pivot(g, x, ch) : 0.0f;
     b = 0.0f;
   }
 }
@@ -109,7 +122,7 @@ __global__ void combine(Geo g, const T* x, bool robust, int64_t splits, const fl
   }
   if (!kBwd) {
     const double m = static_cast<double>(g.outer * g.inner);
-    const double p = robust && g.outer > 0 ? to_f(x[ch * g.inner]) : 0.0;
+    const double p = robust ? channel_pivot(g, x, ch) : 0.0f;
     const double d1 = t0, d2 = t1;
     t0 = p * m + d1;
     t1 = d2 + 2 * p * d1 + p * p * m;
@@ -230,22 +243,7 @@ __global__ void param_grads(int64_t c, Header hd, const double* local, const voi
 
 // ---- launchers ----------------------------------------------------------------------------
 
-// Splits of the outer dimension: about 1024 blocks in all.
-struct Plan {
-  bool wide = true;
-  int64_t splits = 0, per = 0;
-};
-Plan plan(const BnArgs& a) {
-  Plan p;
-  if (a.outer <= 0 || a.c <= 0) return p;
-  p.wide = a.inner >= 32;
-  const int64_t blocks_per_split = p.wide ? a.c : (a.c + kTileC - 1) / kTileC;
-  const int64_t max_splits = p.wide ? a.outer : (a.outer + kTileR - 1) / kTileR;
-  p.splits = std::min(std::max<int64_t>(1, 1024 / blocks_per_split), max_splits);
-  p.per = (a.outer + p.splits - 1) / p.splits;
-  p.splits = (a.outer + p.per - 1) / p.per;
-  return p;
-}
+BnPlan plan(const BnArgs& a) { return plan_channels(a.outer, a.c, a.inner); }
 
 size_t up(size_t b) { return (b + 255) / 256 * 256; }
 
@@ -264,6 +262,7 @@ Scratch carve(const BnArgs& a, void* s) {
 }
 
 cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
+Geo geo(const BnArgs& a) { return {a.outer, a.c, a.inner, a.channels_last, plan(a).has_values}; }
 unsigned per_channel_blocks(int64_t c) { return static_cast<unsigned>((c + 255) / 256); }
 unsigned elementwise_blocks(const BnArgs& a) {
   const int64_t total = a.outer * a.c * a.inner;
@@ -274,24 +273,24 @@ template <class D, bool kBwd>
 void channel_sums(const BnArgs& a, const D* x, const D* dy, const void* mean, bool s64,
                   bool robust, bool w64, void* payload, void* scratch) {
   if (a.c <= 0) return;
-  const Plan p = plan(a);
+  const BnPlan p = plan(a);
   const Scratch s = carve(a, scratch);
-  const Geo g{a.outer, a.c, a.inner};
+  const Geo g = geo(a);
   const Term<D, kBwd> t{x, dy};
-  if (p.splits > 0) {
+  if (p.splits > 0) {  // 0 when this rank has no element: nothing may read x
     if (p.wide)
-      sums_wide<D, kBwd><<<dim3(static_cast<unsigned>(a.c), static_cast<unsigned>(p.splits)),
-                           kWide, 0, st(a.stream)>>>(g, t, mean, s64, robust, p.per, s.part);
+      launch("bn sums_wide", sums_wide<D, kBwd>,
+             dim3(static_cast<unsigned>(a.c), static_cast<unsigned>(p.splits)), dim3(kWide),
+             st(a.stream), g, t, mean, s64, robust, p.per, s.part);
     else
-      sums_narrow<D, kBwd>
-          <<<dim3(static_cast<unsigned>((a.c + kTileC - 1) / kTileC),
+      launch("bn sums_narrow", sums_narrow<D, kBwd>,
+             dim3(static_cast<unsigned>((a.c + kTileC - 1) / kTileC),
                   static_cast<unsigned>(p.splits)),
-             dim3(kTileC, kTileR), 0, st(a.stream)>>>(g, t, mean, s64, robust, p.per, s.part);
-    TPNORM_CHECK_LAUNCH();
+             dim3(kTileC, kTileR), st(a.stream), g, t, mean, s64, robust, p.per, s.part);
   }
-  combine<D, kBwd><<<per_channel_blocks(a.c), 256, 0, st(a.stream)>>>(
-      g, x, robust, p.splits, s.part, w64, payload, kBwd ? s.local : nullptr);
-  TPNORM_CHECK_LAUNCH();
+  launch("bn combine", combine<D, kBwd>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream),
+         g, x, robust, p.splits, static_cast<const float*>(s.part), w64, payload,
+         kBwd ? s.local : nullptr);
 }
 
 }  // namespace
@@ -315,10 +314,9 @@ void bn_forward_stats(const BnArgs& a, const BnForwardStats& f, const T* gamma, 
                       void* scratch, int* err) {
   using D = typename Dev<T>::type;
   if (a.c <= 0) return;
-  fwd_consts<D><<<per_channel_blocks(a.c), 256, 0, st(a.stream)>>>(
-      a.c, f, reinterpret_cast<const D*>(gamma), reinterpret_cast<const D*>(beta),
-      carve(a, scratch).consts, err);
-  TPNORM_CHECK_LAUNCH();
+  launch("bn fwd_consts", fwd_consts<D>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream),
+         a.c, f, reinterpret_cast<const D*>(gamma), reinterpret_cast<const D*>(beta),
+         carve(a, scratch).consts, err);
 }
 
 template <class T>
@@ -326,10 +324,9 @@ void bn_apply_forward(const BnArgs& a, const Header& hd, const T* x, T* y, void*
                       int* err) {
   using D = typename Dev<T>::type;
   if (a.outer * a.c * a.inner <= 0) return;
-  apply_fwd<D><<<elementwise_blocks(a), 256, 0, st(a.stream)>>>(
-      Geo{a.outer, a.c, a.inner}, hd, reinterpret_cast<const D*>(x), reinterpret_cast<D*>(y),
-      carve(a, scratch).consts, err);
-  TPNORM_CHECK_LAUNCH();
+  launch("bn apply_fwd", apply_fwd<D>, dim3(elementwise_blocks(a)), dim3(256), st(a.stream),
+         geo(a), hd, reinterpret_cast<const D*>(x), reinterpret_cast<D*>(y),
+         static_cast<const float*>(carve(a, scratch).consts), err);
 }
 
 template <class T>
@@ -347,20 +344,18 @@ void bn_apply_backward(const BnArgs& a, const Header& hd, const T* dy, const T* 
   using D = typename Dev<T>::type;
   if (a.c <= 0) return;
   const Scratch s = carve(a, scratch);
-  bwd_consts<D><<<per_channel_blocks(a.c), 256, 0, st(a.stream)>>>(
-      a.c, hd, reinterpret_cast<const D*>(gamma), mean, invstd, s64, s.consts, err);
-  TPNORM_CHECK_LAUNCH();
+  launch("bn bwd_consts", bwd_consts<D>, dim3(per_channel_blocks(a.c)), dim3(256),
+         st(a.stream), a.c, hd, reinterpret_cast<const D*>(gamma), mean, invstd, s64, s.consts,
+         err);
   if (a.outer * a.inner > 0) {
-    apply_bwd<D><<<elementwise_blocks(a), 256, 0, st(a.stream)>>>(
-        Geo{a.outer, a.c, a.inner}, hd, reinterpret_cast<const D*>(dy),
-        reinterpret_cast<const D*>(x), reinterpret_cast<D*>(dx), s.consts, err);
-    TPNORM_CHECK_LAUNCH();
+    launch("bn apply_bwd", apply_bwd<D>, dim3(elementwise_blocks(a)), dim3(256), st(a.stream),
+           geo(a), hd, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
+           reinterpret_cast<D*>(dx), static_cast<const float*>(s.consts), err);
   }
   if (dgamma || dbeta) {
-    param_grads<D><<<per_channel_blocks(a.c), 256, 0, st(a.stream)>>>(
-        a.c, hd, s.local, invstd, s64, reinterpret_cast<D*>(dgamma), reinterpret_cast<D*>(dbeta),
-        err);
-    TPNORM_CHECK_LAUNCH();
+    launch("bn param_grads", param_grads<D>, dim3(per_channel_blocks(a.c)), dim3(256),
+           st(a.stream), a.c, hd, static_cast<const double*>(s.local), invstd, s64,
+           reinterpret_cast<D*>(dgamma), reinterpret_cast<D*>(dbeta), err);
   }
 }
 

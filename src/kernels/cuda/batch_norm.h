@@ -24,7 +24,8 @@ namespace tpnorm::kernels::cuda {
 
 struct BnArgs {
   int64_t outer = 0, c = 0, inner = 1;
-  void* stream = nullptr;  ///< cudaStream_t
+  bool channels_last = false;  ///< the layout (picks the robust pivot's span, as on CPU)
+  void* stream = nullptr;      ///< cudaStream_t
 };
 
 /// Device scratch (bytes) the functions below need, for any pass.

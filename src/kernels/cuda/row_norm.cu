@@ -5,13 +5,15 @@
 // dgamma and dbeta (32-column tiles x row chunks into scratch, then a fixed-order sum over the
 // chunks). Template parameters are only the storage type and the pack width (1 or 16 bytes),
 // so each entry point has six instantiations; everything else is a run-time argument.
-#include "common/half.h"
-#include "comm/cuda/cuda_check.h"
-#include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/row_norm.h"
 
 #include <algorithm>
 #include <type_traits>
+
+#include "common/half.h"
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/plan.h"
 
 namespace tpnorm::kernels::cuda {
 namespace {
@@ -34,8 +36,8 @@ __global__ void __launch_bounds__(256)
   if (r >= g.rows) return;  // warp-uniform: a block per row never takes this branch
   const int lane = threadIdx.x % g.tpr;
   const T* xr = x + r * g.h;
-  // Around a pivot from the row itself, so 1e4 + N(0,1) keeps its variance (as on CPU).
-  const float pivot = pivoted && g.h > 0 ? to_f(xr[0]) : 0.0f;
+  // Around the robust pivot of the row, so 1e4 + N(0,1) keeps its variance (as on CPU).
+  const float pivot = pivoted ? robust_pivot(xr, g.h) : 0.0f;
   float v[2] = {0.0f, 0.0f};
   for (int64_t i = lane; i < g.h / V; i += g.tpr) {
     const Pack<T, V> p = load_pack<T, V>(xr, i);
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(256)
 }
 
 // Stage 1: block (32, 8) sums dy*xhat and dy over rows [chunk*rpc, ...) for 32 columns.
-constexpr int kTileCols = 32, kTileRows = 8;
+constexpr int kTileCols = kDgammaTileCols, kTileRows = kDgammaTileRows;
 
 template <class T>
 __global__ void __launch_bounds__(256)
@@ -271,50 +273,40 @@ __global__ void header_kernel(void* base, bool w64, HeaderValues hv, int nh, siz
 
 struct Launch {
   Geo g;
-  int threads = 128;
-  unsigned blocks = 0;
-  bool vec = false;
+  RowPlan p;
 };
 
-bool aligned16(const void* p) { return !p || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// A warp per row up to 1024 columns (4 rows per block), else a 256-thread block per row;
-// packs of 16 bytes when every row of every operand starts 16-byte aligned.
-template <class T>
+// The plan of kernels/cuda/plan.h for rows of D (vector width from h and every pointer).
+template <class D>
 Launch choose(const RowArgs& a, std::initializer_list<const void*> ptrs) {
   Launch l;
   l.g.rows = a.rows;
   l.g.h = a.h;
-  constexpr int64_t kV = 16 / sizeof(T);
-  l.vec = a.h % kV == 0;
-  for (const void* p : ptrs) l.vec = l.vec && aligned16(p);
-  l.g.tpr = a.h <= 1024 ? 32 : 256;
-  l.threads = l.g.tpr == 32 ? 128 : 256;
-  const int64_t per_block = l.threads / l.g.tpr;
-  l.blocks = static_cast<unsigned>((a.rows + per_block - 1) / per_block);
+  l.p = plan_rows(a.rows, a.h, sizeof(D), ptrs);
+  l.g.tpr = l.p.tpr;
   return l;
 }
 
-// Calls body(std::integral_constant<int, V>) with V the pack width of `l`.
+// Calls body(std::integral_constant<int, V>) with V the plan's vector width; widths above
+// 16 bytes do not exist for D (plan_rows never picks them).
 template <class D, class Body>
 void with_pack(const Launch& l, Body&& body) {
-  if (l.vec)
-    body(std::integral_constant<int, static_cast<int>(16 / sizeof(D))>{});
-  else
-    body(std::integral_constant<int, 1>{});
+  constexpr int kMax = static_cast<int>(16 / sizeof(D));
+  switch (l.p.vec) {
+    case 8:
+      if constexpr (kMax >= 8) return body(std::integral_constant<int, 8>{});
+      break;
+    case 4:
+      if constexpr (kMax >= 4) return body(std::integral_constant<int, 4>{});
+      break;
+    case 2: return body(std::integral_constant<int, 2>{});
+    default: break;
+  }
+  body(std::integral_constant<int, 1>{});
 }
 
 cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
-
-// Row chunks of the dgamma reduction: about 1024 blocks in all, at least 8 rows per chunk.
-int64_t dgamma_chunks(int64_t rows, int64_t h, int64_t* rpc) {
-  if (rows <= 0 || h <= 0) return *rpc = 0, 0;
-  const int64_t tiles = (h + kTileCols - 1) / kTileCols;
-  int64_t chunks = std::max<int64_t>(1, 1024 / tiles);
-  chunks = std::min(chunks, (rows + kTileRows - 1) / kTileRows);
-  *rpc = (rows + chunks - 1) / chunks;
-  return (rows + *rpc - 1) / *rpc;
-}
+dim3 grid_of(const Launch& l) { return dim3(static_cast<unsigned>(l.p.blocks)); }
 
 }  // namespace
 
@@ -322,12 +314,12 @@ template <class T>
 void row_partial_forward(const RowArgs& a, const T* x, bool robust, bool w64, void* payload) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {x});
-  if (l.blocks == 0) return;
+  if (l.p.blocks == 0) return;
   with_pack<D>(l, [&](auto v) {
-    partial_fwd<D, decltype(v)::value><<<l.blocks, l.threads, 0, st(a.stream)>>>(
-        l.g, reinterpret_cast<const D*>(x), robust && a.centered, a.centered, w64, payload);
+    launch("row partial_fwd", partial_fwd<D, decltype(v)::value>, grid_of(l), l.p.threads,
+           st(a.stream), l.g, reinterpret_cast<const D*>(x), robust && a.centered, a.centered,
+           w64, payload);
   });
-  TPNORM_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -335,14 +327,13 @@ void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* be
                        const Header& hd, double eps, T* y, void* mean, void* rstd, int* err) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {x, gamma, beta, y});
-  if (l.blocks == 0) return;
+  if (l.p.blocks == 0) return;
   with_pack<D>(l, [&](auto v) {
-    apply_fwd<D, decltype(v)::value><<<l.blocks, l.threads, 0, st(a.stream)>>>(
-        l.g, reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma),
-        reinterpret_cast<const D*>(beta), hd, eps, a.centered, a.s64, reinterpret_cast<D*>(y),
-        mean, rstd, err);
+    launch("row apply_fwd", apply_fwd<D, decltype(v)::value>, grid_of(l), l.p.threads,
+           st(a.stream), l.g, reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma),
+           reinterpret_cast<const D*>(beta), hd, eps, a.centered, a.s64,
+           reinterpret_cast<D*>(y), mean, rstd, err);
   });
-  TPNORM_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -350,13 +341,12 @@ void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* ga
                           const void* mean, const void* rstd, bool w64, void* payload) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {dy, x, gamma});
-  if (l.blocks == 0) return;
+  if (l.p.blocks == 0) return;
   with_pack<D>(l, [&](auto v) {
-    partial_bwd<D, decltype(v)::value><<<l.blocks, l.threads, 0, st(a.stream)>>>(
-        l.g, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
-        reinterpret_cast<const D*>(gamma), mean, rstd, a.s64, a.centered, w64, payload);
+    launch("row partial_bwd", partial_bwd<D, decltype(v)::value>, grid_of(l), l.p.threads,
+           st(a.stream), l.g, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
+           reinterpret_cast<const D*>(gamma), mean, rstd, a.s64, a.centered, w64, payload);
   });
-  TPNORM_CHECK_LAUNCH();
 }
 
 size_t row_norm_scratch_bytes(int64_t rows, int64_t h, bool params) {
@@ -372,14 +362,13 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
                         T* dbeta, void* scratch, int* err) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {dy, x, gamma, dx});
-  if (l.blocks > 0) {
+  if (l.p.blocks > 0) {
     with_pack<D>(l, [&](auto v) {
-      apply_bwd<D, decltype(v)::value><<<l.blocks, l.threads, 0, st(a.stream)>>>(
-          l.g, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
-          reinterpret_cast<const D*>(gamma), mean, rstd, a.s64, hd, a.centered,
-          reinterpret_cast<D*>(dx), err);
+      launch("row apply_bwd", apply_bwd<D, decltype(v)::value>, grid_of(l), l.p.threads,
+             st(a.stream), l.g, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
+             reinterpret_cast<const D*>(gamma), mean, rstd, a.s64, hd, a.centered,
+             reinterpret_cast<D*>(dx), err);
     });
-    TPNORM_CHECK_LAUNCH();
   }
   if ((!dgamma && !dbeta) || a.h <= 0) return;
   int64_t rpc = 0;
@@ -388,14 +377,13 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
   if (chunks > 0) {
     const dim3 grid(static_cast<unsigned>((a.h + kTileCols - 1) / kTileCols),
                     static_cast<unsigned>(chunks));
-    dgamma_part<D><<<grid, dim3(kTileCols, kTileRows), 0, st(a.stream)>>>(
-        a.rows, a.h, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x), mean, rstd,
-        a.s64, a.centered, rpc, part);
-    TPNORM_CHECK_LAUNCH();
+    launch("row dgamma_part", dgamma_part<D>, grid, dim3(kTileCols, kTileRows), st(a.stream),
+           a.rows, a.h, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x), mean,
+           rstd, a.s64, a.centered, rpc, part);
   }
-  dgamma_final<D><<<static_cast<unsigned>((a.h + 255) / 256), 256, 0, st(a.stream)>>>(
-      a.h, chunks, part, hd, reinterpret_cast<D*>(dgamma), reinterpret_cast<D*>(dbeta), err);
-  TPNORM_CHECK_LAUNCH();
+  launch("row dgamma_final", dgamma_final<D>, dim3(static_cast<unsigned>((a.h + 255) / 256)),
+         dim3(256), st(a.stream), a.h, chunks, static_cast<const float*>(part), hd,
+         reinterpret_cast<D*>(dgamma), reinterpret_cast<D*>(dbeta), err);
 }
 
 void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
@@ -404,8 +392,8 @@ void write_header(void* base, bool w64, const double* header, int nh, size_t zer
   for (int i = 0; i < nh && i < 10; ++i) hv.v[i] = header[i];
   const size_t total = static_cast<size_t>(nh) + zeros;
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((total + 255) / 256, 1024));
-  header_kernel<<<blocks, 256, 0, st(stream)>>>(base, w64, hv, nh, zeros);
-  TPNORM_CHECK_LAUNCH();
+  launch("header_kernel", header_kernel, dim3(blocks), dim3(256), st(stream), base, w64, hv, nh,
+         zeros);
 }
 
 #define TPNORM_CUDA_ROW_INSTANTIATE(T)                                                          \

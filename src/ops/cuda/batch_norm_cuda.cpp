@@ -6,11 +6,12 @@
 #include "ops/cuda/batch_norm_cuda.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 
-#include "comm/cuda/cuda_check.h"
 #include "common/dispatch.h"
 #include "kernels/cuda/batch_norm.h"
+#include "ops/cuda/device_call.h"
 
 namespace tpnorm::detail {
 namespace {
@@ -33,18 +34,9 @@ kcu::BnArgs bn_args(const kernels::cpu::BatchNormArgs& a, void* stream) {
   b.outer = a.channels_last ? a.n * a.inner : a.n;
   b.c = a.c;
   b.inner = a.channels_last ? 1 : a.inner;
+  b.channels_last = a.channels_last;
   b.stream = stream;
   return b;
-}
-
-void* payload(PackedCall& call) {
-  return call.wire() == DType::F64 ? static_cast<void*>(call.payload<double>())
-                                   : static_cast<void*>(call.payload<float>());
-}
-
-kcu::Header header(PackedCall& call, const Communicator& comm) {
-  return {call.base(), static_cast<int>(call.header_values()), comm.size(),
-          call.wire() == DType::F64};
 }
 
 }  // namespace
@@ -57,25 +49,31 @@ void sync_batch_norm_forward_cuda(Communicator& comm, PackedCall& call,
                                   const TensorView& y, const TensorView& save_mean,
                                   const TensorView& save_invstd, const BatchNormOptions& opt) {
   DeviceCommunicator& dev = device_of(comm, "sync_batch_norm_forward");
-  DeviceGuard guard(dev.device_index());
   const kcu::BnArgs b = bn_args(a, dev.stream());
   kcu::Header hd{};  // eval: no collective, nothing to check on device
   void* scratch = nullptr;
+  std::optional<DeviceGuard> guard;
   if (batch_stats) {
-    call.prepare(static_cast<size_t>(2 * a.c), static_cast<double>(a.n * a.inner),
-                 call.failed() ? 0 : kcu::bn_scratch_bytes(b));
+    enter_device(call, dev, guard);
+    prepare_device(call, comm, dev, static_cast<size_t>(2 * a.c),
+                   static_cast<double>(a.n * a.inner),
+                   call.failed() ? 0 : kcu::bn_scratch_bytes(b));
     scratch = call.scratch();
     if (!call.failed()) {
-      dispatch_storage(x.dtype, [&](auto t) {
-        using T = decltype(t);
-        kcu::bn_partial_forward<T>(b, static_cast<const T*>(x.data), opt.stats == Stats::kRobust,
-                                   call.wire() == DType::F64, payload(call), scratch);
+      before_collective(call, [&] {
+        dispatch_storage(x.dtype, [&](auto t) {
+          using T = decltype(t);
+          kcu::bn_partial_forward<T>(b, static_cast<const T*>(x.data),
+                                     opt.stats == Stats::kRobust, call.wire() == DType::F64,
+                                     device_payload(call), scratch);
+        });
       });
     }
     call.reduce();
-    hd = header(call, comm);
+    hd = device_header(call, comm);
   } else {
-    call.throw_if_failed_locally(comm.rank());
+    call.throw_if_failed_locally(comm.rank());  // no collective: a local error strands no one
+    guard.emplace(dev.device_index());
     scratch = dev.workspace(kcu::bn_scratch_bytes(b));
   }
   kcu::BnForwardStats f;
@@ -108,32 +106,39 @@ void sync_batch_norm_backward_cuda(Communicator& comm, PackedCall& call,
                                    const TensorView& dx, const TensorView& dgamma,
                                    const TensorView& dbeta, const BatchNormOptions& opt) {
   DeviceCommunicator& dev = device_of(comm, "sync_batch_norm_backward");
-  DeviceGuard guard(dev.device_index());
   const kcu::BnArgs b = bn_args(a, dev.stream());
   const bool s64 = save_mean.dtype == DType::F64;
   kcu::Header hd{};  // eval: zero global sums, dx = gamma * invstd * dy
   void* scratch = nullptr;
   void* pay = nullptr;
+  std::optional<DeviceGuard> guard;
   if (opt.training) {
-    call.prepare(static_cast<size_t>(2 * a.c), static_cast<double>(a.n * a.inner),
-                 call.failed() ? 0 : kcu::bn_scratch_bytes(b));
+    enter_device(call, dev, guard);
+    prepare_device(call, comm, dev, static_cast<size_t>(2 * a.c),
+                   static_cast<double>(a.n * a.inner),
+                   call.failed() ? 0 : kcu::bn_scratch_bytes(b));
     scratch = call.scratch();
-    pay = payload(call);
+    if (!call.failed()) pay = device_payload(call);
   } else {
-    call.throw_if_failed_locally(comm.rank());
+    call.throw_if_failed_locally(comm.rank());  // no collective: a local error strands no one
+    guard.emplace(dev.device_index());
     scratch = dev.workspace(kcu::bn_scratch_bytes(b));
   }
   if (!call.failed()) {
-    dispatch_storage(x.dtype, [&](auto t) {
-      using T = decltype(t);
-      kcu::bn_partial_backward<T>(b, static_cast<const T*>(dy.data),
-                                  static_cast<const T*>(x.data), save_mean.data, s64,
-                                  call.wire() == DType::F64, pay, scratch);
+    before_collective(call, [&] {
+      dispatch_storage(x.dtype, [&](auto t) {
+        using T = decltype(t);
+        kcu::bn_partial_backward<T>(b, static_cast<const T*>(dy.data),
+                                    static_cast<const T*>(x.data), save_mean.data, s64,
+                                    call.wire() == DType::F64, pay, scratch);
+      });
     });
   }
   if (opt.training) {
     call.reduce();
-    hd = header(call, comm);
+    hd = device_header(call, comm);
+  } else {
+    call.throw_if_failed_locally(comm.rank());
   }
   dispatch_storage(x.dtype, [&](auto t) {
     using T = decltype(t);

@@ -3,25 +3,13 @@
 // header (error flag, count, fingerprint) is checked on device by the apply kernels.
 #include "ops/cuda/row_norm_cuda.h"
 
-#include "comm/cuda/cuda_check.h"
 #include "common/dispatch.h"
 #include "kernels/cuda/row_norm.h"
+#include "ops/cuda/device_call.h"
 
 namespace tpnorm::detail {
 namespace {
-
 namespace kcu = kernels::cuda;
-
-void* payload(PackedCall& call) {
-  return call.wire() == DType::F64 ? static_cast<void*>(call.payload<double>())
-                                   : static_cast<void*>(call.payload<float>());
-}
-
-kcu::Header header(PackedCall& call, const Communicator& comm) {
-  return {call.base(), static_cast<int>(call.header_values()), comm.size(),
-          call.wire() == DType::F64};
-}
-
 }  // namespace
 
 void row_forward_cuda(PackedCall& call, bool centered, int64_t rows, int64_t h,
@@ -29,26 +17,30 @@ void row_forward_cuda(PackedCall& call, bool centered, int64_t rows, int64_t h,
                       const TensorView& y, const TensorView& mean, const TensorView& rstd,
                       const NormOptions& opt) {
   DeviceCommunicator& comm = *call.device_comm();
-  DeviceGuard guard(comm.device_index());
+  std::optional<DeviceGuard> guard;
+  enter_device(call, comm, guard);
   const int per_row = centered ? 2 : 1;
-  call.prepare(static_cast<size_t>(rows > 0 ? rows * per_row : 0), static_cast<double>(h));
+  prepare_device(call, comm, comm, static_cast<size_t>(rows > 0 ? rows * per_row : 0),
+                 static_cast<double>(h), 0);
   const DType sdt = rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);
   const kcu::RowArgs a{rows, h, centered, sdt == DType::F64, comm.stream()};
   if (!call.failed()) {
-    dispatch_storage(x.dtype, [&](auto t) {
-      using T = decltype(t);
-      kcu::row_partial_forward<T>(a, static_cast<const T*>(x.data),
-                                  opt.stats == Stats::kRobust, call.wire() == DType::F64,
-                                  payload(call));
+    before_collective(call, [&] {
+      dispatch_storage(x.dtype, [&](auto t) {
+        using T = decltype(t);
+        kcu::row_partial_forward<T>(a, static_cast<const T*>(x.data),
+                                    opt.stats == Stats::kRobust, call.wire() == DType::F64,
+                                    device_payload(call));
+      });
     });
   }
   call.reduce();
   dispatch_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
     kcu::row_apply_forward<T>(a, static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
-                              static_cast<const T*>(beta.data), header(call, comm), opt.eps,
-                              static_cast<T*>(y.data), centered ? mean.data : nullptr, rstd.data,
-                              comm.error_word());
+                              static_cast<const T*>(beta.data), device_header(call, comm),
+                              opt.eps, static_cast<T*>(y.data), centered ? mean.data : nullptr,
+                              rstd.data, comm.error_word());
   });
 }
 
@@ -57,20 +49,24 @@ void row_backward_cuda(PackedCall& call, bool centered, int64_t rows, int64_t h,
                        const TensorView& mean, const TensorView& rstd, const TensorView& dx,
                        const TensorView& dgamma, const TensorView& dbeta) {
   DeviceCommunicator& comm = *call.device_comm();
-  DeviceGuard guard(comm.device_index());
+  std::optional<DeviceGuard> guard;
+  enter_device(call, comm, guard);
   const int per_row = centered ? 2 : 1;
   const bool params = dgamma.present() || (centered && dbeta.present());
-  call.prepare(static_cast<size_t>(rows > 0 ? rows * per_row : 0), static_cast<double>(h),
-               call.failed() ? 0 : kcu::row_norm_scratch_bytes(rows, h, params));
+  prepare_device(call, comm, comm, static_cast<size_t>(rows > 0 ? rows * per_row : 0),
+                 static_cast<double>(h),
+                 call.failed() ? 0 : kcu::row_norm_scratch_bytes(rows, h, params));
   const kcu::RowArgs a{rows, h, centered, rstd.dtype == DType::F64, comm.stream()};
   const void* m = centered ? mean.data : nullptr;
   if (!call.failed()) {
-    dispatch_storage(x.dtype, [&](auto t) {
-      using T = decltype(t);
-      kcu::row_partial_backward<T>(a, static_cast<const T*>(dy.data),
-                                   static_cast<const T*>(x.data),
-                                   static_cast<const T*>(gamma.data), m, rstd.data,
-                                   call.wire() == DType::F64, payload(call));
+    before_collective(call, [&] {
+      dispatch_storage(x.dtype, [&](auto t) {
+        using T = decltype(t);
+        kcu::row_partial_backward<T>(a, static_cast<const T*>(dy.data),
+                                     static_cast<const T*>(x.data),
+                                     static_cast<const T*>(gamma.data), m, rstd.data,
+                                     call.wire() == DType::F64, device_payload(call));
+      });
     });
   }
   call.reduce();
@@ -78,7 +74,7 @@ void row_backward_cuda(PackedCall& call, bool centered, int64_t rows, int64_t h,
     using T = decltype(t);
     kcu::row_apply_backward<T>(a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
                                static_cast<const T*>(gamma.data), m, rstd.data,
-                               header(call, comm), static_cast<T*>(dx.data),
+                               device_header(call, comm), static_cast<T*>(dx.data),
                                static_cast<T*>(dgamma.data),
                                centered ? static_cast<T*>(dbeta.data) : nullptr, call.scratch(),
                                comm.error_word());

@@ -1,6 +1,7 @@
 // cuda_check.h — the CUDA and NCCL overloads of the TPNORM_CHECK family (common/check.h), and
-// the check after every kernel launch (a bad launch configuration is reported there, not at
-// some later synchronisation).
+// the scope that makes a communicator's device current. Shared by the CUDA kernels' launchers
+// (kernels/cuda/launch.cuh checks each launch), the device communicators and the ops; it
+// includes nothing of either layer.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,8 +28,6 @@ inline std::string NCCL_error_string(ncclResult_t r) {
 #endif
 
 }  // namespace tpnorm::detail
-
-#define TPNORM_CHECK_LAUNCH() TPNORM_CHECK(CUDA, cudaGetLastError())
 
 namespace tpnorm::detail {
 
