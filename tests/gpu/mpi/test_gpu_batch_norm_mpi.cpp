@@ -17,6 +17,7 @@
 #include "harness.h"
 #include "tpnorm/batch_norm.h"
 #include "tpnorm/cuda_mpi.h"
+#include "tpnorm/error.h"
 
 using namespace tpnorm;
 using namespace tpnorm_test;
@@ -157,6 +158,59 @@ const Case kCases[] = {
     {"c5_nospatial", 5, {}, {7, 0, 4, 2}},         // [N, C]
     {"c6_130_many", 6, {130}, {17, 9, 11, 1}},     // many splits of the wide kernel
 };
+
+// A zero-size spatial dim ([n, 8, 0, 5], x and y null) on device: nothing may read x (an
+// illegal address would kill the CUDA context: the synchronisation below reports it). Training
+// has no value per channel on any rank: the device check sets the error word (the CPU op
+// throws; a strict call may throw on the host first), running statistics stay untouched; eval
+// is a valid no-op.
+TEST(GpuBatchNormEmpty, ZeroSizeSpatialDimReadsNothing) {
+  TPNORM_REQUIRE_GPU();
+  const int dev = local_cuda_device(MPI_COMM_WORLD);
+  cudaSetDevice(dev);
+  cudaStream_t st = nullptr;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  auto comm = make_mpi_staged_cuda_communicator(MPI_COMM_WORLD, st, dev);
+  const int64_t C = 8;
+  for (Layout layout : {Layout::kNCHW, Layout::kChannelsLast}) {
+    for (bool training : {true, false}) {
+      const Shape xs = layout == Layout::kNCHW ? Shape{4, C, 0, 5} : Shape{4, 0, 5, C};
+      const Shape csh{C};
+      DevBuf rm(Buffer(DType::F32, std::vector<float>(C, 3.f)), false, dev),
+          rv(Buffer(DType::F32, std::vector<float>(C, 2.f)), false, dev),
+          smean(Buffer(DType::F32, std::vector<float>(C, 7.f)), false, dev),
+          sinv(Buffer(DType::F32, std::vector<float>(C, 7.f)), false, dev);
+      const TensorView none{static_cast<void*>(nullptr), DType::F32, xs, Device::cuda(dev)};
+      BatchNormOptions opt;
+      opt.layout = layout;
+      opt.training = training;
+      int64_t tracked = 0;
+      bool threw = false;  // the host check of a strict call may catch it first
+      try {
+        sync_batch_norm_forward(*comm, none, {}, {}, rm.view(csh), rv.view(csh), &tracked, none,
+                                smean.view(csh), sinv.view(csh), opt);
+      } catch (const Error&) {
+        threw = true;
+      }
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess) << "the CUDA context died";
+      if (training) {
+        if (!threw) {
+          EXPECT_THROW(cuda_check_errors(*comm), Error) << "no value on any rank";
+        }
+      } else {
+        EXPECT_FALSE(threw);
+        EXPECT_NO_THROW(cuda_check_errors(*comm));
+      }
+      for (float v : rm.floats()) EXPECT_EQ(v, 3.f);
+      for (float v : rv.floats()) EXPECT_EQ(v, 2.f);
+      if (training) {
+        for (float v : smean.floats()) EXPECT_EQ(v, 7.f) << "saved mean written";
+      }
+    }
+  }
+  comm.reset();
+  cudaStreamDestroy(st);
+}
 
 std::string name(const ::testing::TestParamInfo<Param>& i) {
   return std::string(std::get<0>(i.param).name) +

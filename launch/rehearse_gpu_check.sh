@@ -4,8 +4,11 @@
 # unshare -m; nothing outside this process tree sees it) the system's OpenMPI, PMIx,
 # GoogleTest and nccl.h are hidden behind empty directories, its mpicc / mpirun made to fail, and a fake "PyTorch NCCL wheel"
 # (a python package nvidia.nccl holding only lib/libnccl.so.2, like the real wheel) is put on
-# PYTHONPATH. gpu-check must then build against the carried prefix and run the multi-rank CPU
-# tests with the carried mpirun; the GPU tests skip (no GPU here).
+# PYTHONPATH. gpu-check must then build against the carried prefix and run its items with the
+# carried mpirun: the host tests run, every GPU step is reported SKIP with its reason (no GPU
+# here). Arguments go to gpu-check (--full: also the whole CPU suite, multi-rank tests included).
+#
+#   launch/rehearse_gpu_check.sh [--full]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${REHEARSE_DIR:-/tmp/tpnorm-rehearse-$$}"
@@ -30,5 +33,5 @@ exec unshare -m --propagation private bash -c "
   command -v mpirun >/dev/null && { mpirun --version >/dev/null 2>&1 && echo '[rehearse] system mpirun still works?!' || echo '[rehearse] system mpirun: broken (as intended)'; }
   export PYTHONPATH='$WORK/wheel'
   export TPNORM_BUILD_DIR='${TPNORM_BUILD_DIR:-$ROOT/build-rehearse}'
-  exec '$ROOT/launch/tpnorm' gpu-check
+  exec '$ROOT/launch/tpnorm' gpu-check $*
 "
