@@ -123,6 +123,9 @@ struct Script {
       std::lock_guard<std::mutex> g(mu);
       return async;
     };
+    h.describe = [](const char* what, uint64_t seq) {
+      return std::string("tpnorm watchdog: ") + what + " (call " + std::to_string(seq) + ")";
+    };
     h.fire = [this](const std::string& m) {
       std::lock_guard<std::mutex> g(mu);
       fired = m;
@@ -153,7 +156,7 @@ bool eventually(P pred) {
 TEST(GpuWatchdog, OverdueTicketFiresWithItsMessage) {
   Script s;
   Watchdog w(s.hooks());
-  w.watch(7, 0.01, "tpnorm watchdog: rank 1 of 2: layer_norm_forward (call 20) did not finish");
+  w.watch(7, 0.01, "layer_norm_forward", 20);
   ASSERT_TRUE(eventually([&] { return s.fires.load() > 0; }));
   EXPECT_EQ(s.fires.load(), 1) << "fires once";
   EXPECT_NE(s.fired.find("layer_norm_forward (call 20)"), std::string::npos) << s.fired;
@@ -164,8 +167,8 @@ TEST(GpuWatchdog, FinishedTicketsAreReleasedInStreamOrderAndNothingFires) {
   Script s;
   {
     Watchdog w(s.hooks());
-    w.watch(1, 600, "first");
-    w.watch(2, 600, "second");
+    w.watch(1, 600, "first", 1);
+    w.watch(2, 600, "second", 2);
     s.finish(2);  // the later event cannot be retired before the earlier one
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     EXPECT_EQ(s.released_count(), 0u);
@@ -174,7 +177,7 @@ TEST(GpuWatchdog, FinishedTicketsAreReleasedInStreamOrderAndNothingFires) {
     EXPECT_EQ(s.released[0], 1u);
     EXPECT_EQ(s.released[1], 2u);
     EXPECT_EQ(w.pending(), 0u);
-    w.watch(3, 600, "pending when the communicator goes");
+    w.watch(3, 600, "pending when the communicator goes", 3);
   }  // the destructor stops the thread with a ticket still pending: no fire
   EXPECT_EQ(s.fires.load(), 0);
 }
@@ -197,9 +200,9 @@ TEST(GpuWatchdog, FailedEventFiresWithTheReason) {
     s.failed.insert(4);
   }
   Watchdog w(s.hooks());
-  w.watch(4, 600, "rms_norm_backward");
+  w.watch(4, 600, "rms_norm_backward", 9);
   ASSERT_TRUE(eventually([&] { return s.fires.load() > 0; }));
-  EXPECT_NE(s.fired.find("rms_norm_backward (an illegal address)"), std::string::npos)
+  EXPECT_NE(s.fired.find("rms_norm_backward (call 9) (an illegal address)"), std::string::npos)
       << s.fired;
 }
 

@@ -371,6 +371,7 @@ class NcclCommunicator final : public CudaCommBase {
              std::to_string(size_) + ": NCCL reported an asynchronous error: " +
              detail::NCCL_error_string(r) + "; aborting the job";
     };
+    h.describe = [this](const char* op, uint64_t seq) { return watchdog_message(op, seq); };
     h.fire = [this](const std::string& m) { end_job(m); };
     watchdog_ = std::make_unique<detail::Watchdog>(std::move(h));
   }
@@ -468,7 +469,7 @@ class NcclCommunicator final : public CudaCommBase {
       free_events_.push_back(t);
       return;
     }
-    watchdog_->watch(t, timeout(), watchdog_message());
+    watchdog_->watch(t, timeout(), current_op(), sequence());
   }
 
   cudaEvent_t event(uint64_t t) {

@@ -35,6 +35,9 @@ class Watchdog {
     std::function<void(uint64_t ticket)> release;
     /// The transport's asynchronous error, "" while there is none.
     std::function<std::string()> async_error;
+    /// The message for an overdue ticket, from what watch() was given (built only on firing,
+    /// so that watching costs no formatting per call).
+    std::function<std::string(const char* what, uint64_t sequence)> describe;
     /// Ends the job with `message` (the production hook does not return; a test's may).
     std::function<void(const std::string& message)> fire;
     /// Runs first on the watchdog's thread (e.g. to make the device current); may be empty.
@@ -59,14 +62,15 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
 
   /// Watches `ticket` (enqueued on the stream after every earlier ticket): it must be done
-  /// within `timeout_s` seconds from now, else the watchdog fires with `message`.
-  void watch(uint64_t ticket, double timeout_s, std::string message) {
+  /// within `timeout_s` seconds from now, else the watchdog fires with describe(what,
+  /// sequence). `what` must outlive the ticket (a string literal: the op's name).
+  void watch(uint64_t ticket, double timeout_s, const char* what, uint64_t sequence) {
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double>(timeout_s));
     {
       std::lock_guard<std::mutex> g(mu_);
-      queue_.push_back({ticket, deadline, std::move(message)});
+      queue_.push_back({ticket, deadline, what, sequence});
     }
     cv_.notify_all();
   }
@@ -85,7 +89,8 @@ class Watchdog {
   struct Entry {
     uint64_t ticket;
     Clock::time_point deadline;
-    std::string message;
+    const char* what;
+    uint64_t sequence;
   };
 
   void loop() {
@@ -108,8 +113,10 @@ class Watchdog {
           queue_.pop_front();
           continue;
         }
-        if (s == State::kFailed) fire_locked(lk, e.message + " (" + why + ")");
-        else if (Clock::now() > e.deadline) fire_locked(lk, e.message);
+        if (s == State::kFailed)
+          fire_locked(lk, hooks_.describe(e.what, e.sequence) + " (" + why + ")");
+        else if (Clock::now() > e.deadline)
+          fire_locked(lk, hooks_.describe(e.what, e.sequence));
         break;
       }
     }
