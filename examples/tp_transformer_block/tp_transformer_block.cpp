@@ -17,8 +17,9 @@
 // needs no gradient all-reduce. Variants (--arch):
 //   pre       h' = h + MLP(Norm(h)), and a final Norm before the loss
 //   post      h' = Norm(h + MLP(h))
-//   deepnorm  h' = Norm(alpha*h + MLP(h)), alpha = deepnorm_alpha(N, encoder) = (2N)^(1/4);
-//             W1, W2 initialised scaled by beta = (8N)^(-1/4) (DeepNet, encoder form)
+//   deepnorm  h' = Norm(alpha*h + MLP(h)), alpha = deepnorm_alpha(kEncoderOnly, N, 0) =
+//             (2N)^(1/4); W1, W2 initialised scaled by beta = deepnorm_beta(kEncoderOnly, N, 0) =
+//             (8N)^(-1/4) (DeepNet's encoder-only preset)
 // Every residual add goes through tpnorm's fused ops (tpnorm/fused.h), which add and normalize
 // in one pass and one collective: in post and deepnorm the add and the block's own norm; in pre
 // the add that ends block l and the norm that starts block l+1 (or the final norm), so only
@@ -269,9 +270,11 @@ struct Model {
   Model(const Tp& tp, Arch ar, bool rms, int64_t F, int layers)
       : arch(ar),
         alpha(ar == Arch::kDeepNorm
-                  ? tpnorm::deepnorm_alpha(layers, tpnorm::DeepNormStack::kEncoder)
+                  ? tpnorm::deepnorm_alpha(tpnorm::DeepNormStack::kEncoderOnly, layers, 0)
                   : 1.0) {
-    const double init = ar == Arch::kDeepNorm ? std::pow(8.0 * layers, -0.25) : 1.0;
+    const double init = ar == Arch::kDeepNorm
+                            ? tpnorm::deepnorm_beta(tpnorm::DeepNormStack::kEncoderOnly, layers, 0)
+                            : 1.0;
     for (int l = 0; l < layers; ++l) mlps.emplace_back(tp, F, l, init);
     norms.assign(layers + (ar == Arch::kPre ? 1 : 0), ShardedNorm(rms, tp.me().n));
   }

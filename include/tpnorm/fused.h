@@ -41,16 +41,27 @@
 
 namespace tpnorm {
 
-/// Which stack of a DeepNorm model a residual belongs to.
-enum class DeepNormStack : int32_t { kEncoder = 0, kDecoder = 1 };
+/// Where a DeepNorm residual sits: the four presets of DeepNet (Wang et al., "DeepNet: Scaling
+/// Transformers to 1,000 Layers", 2022, arXiv:2203.00555, table 1; the same constants as its
+/// authors' reference code, torchscale). N = encoder layers, M = decoder layers.
+enum class DeepNormStack : int32_t {
+  kEncoderOnly = 0,            ///< encoder-only model (BERT-like):  alpha = (2N)^(1/4)
+  kDecoderOnly = 1,            ///< decoder-only model (GPT-like):   alpha = (2M)^(1/4)
+  kEncoderOfEncoderDecoder = 2,  ///< encoder of an encoder-decoder: alpha = 0.81 (N^4 M)^(1/16)
+  kDecoderOfEncoderDecoder = 3,  ///< decoder of an encoder-decoder: alpha = (3M)^(1/4)
+};
 
-/// DeepNorm's residual scale for a stack of `num_layers` (N) layers, as given in the project's
-/// design notes (seeds/000): encoder (2N)^(1/4), decoder (8N)^(1/4). Source of the method:
-/// Wang et al., "DeepNet: Scaling Transformers to 1,000 Layers" (2022, arXiv:2203.00555), whose
-/// table gives per-architecture alphas (and the matching init scale beta); models that follow a
-/// different row of that table pass their own alpha to the calls below.
-/// Throws tpnorm::Error(kInvalidArgument) when num_layers < 1.
-double deepnorm_alpha(int64_t num_layers, DeepNormStack stack);
+/// DeepNorm's residual scale alpha of Norm(alpha * x + f(x)) for the preset `stack` (formulas
+/// above). [in] encoder_layers N, decoder_layers M: the preset's counts must be >= 1 (N for the
+/// encoder-only preset, M for the decoder-only one, both for an encoder-decoder); a count the
+/// preset does not use is ignored. Throws tpnorm::Error(kInvalidArgument) otherwise.
+double deepnorm_alpha(DeepNormStack stack, int64_t encoder_layers, int64_t decoder_layers);
+
+/// DeepNorm's initialisation gain beta for the same presets, by which the model scales the
+/// Xavier-initialised weights of the feed-forward, value and output projections (not query and
+/// key): encoder-only (8N)^(-1/4); decoder-only (8M)^(-1/4); encoder of an encoder-decoder
+/// 0.87 (N^4 M)^(-1/16); its decoder (12M)^(-1/4). Arguments and errors as deepnorm_alpha.
+double deepnorm_beta(DeepNormStack stack, int64_t encoder_layers, int64_t decoder_layers);
 
 /// h = alpha*x + f; y = LayerNorm(h).
 /// [in]  x, f          [rows, hidden_local]

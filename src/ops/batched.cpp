@@ -1,5 +1,6 @@
-// batched.cpp — K row norms, one collective: validate all -> partial of each into its slice of
-// one payload -> ONE reduce -> apply each with its own global column count.
+// batched.cpp — K row norms, one collective: the spec validates all items, writes each item's
+// partial into its slice of one payload, and after the ONE reduce applies each item with its
+// own global column count.
 //
 // Payload: [K column counts][item 0 stats][item 1 stats]... Every rank computes the same
 // offsets from (rows_i, centered_i), which the agreement fingerprint covers.
@@ -9,129 +10,136 @@
 #include <string>
 #include <vector>
 
-#include "ops/packed_call.h"
+#include "common/dispatch.h"
+#include "ops/op_spec.h"
 #include "ops/row_stages.h"
 
 namespace tpnorm {
+namespace detail {
 namespace {
 
-using detail::row_geometry;
-using detail::row_stat_width;
-
-// A digest of what every rank must agree on per item; PackedCall keeps a bounded number of
-// named fields, so the items are folded into one exact integer (52 bits fit a double).
-struct Digest {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  void add(int64_t v) {
-    for (int i = 0; i < 8; ++i)
-      h = (h ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+// The stages of one item: forward (RowNormItem) or backward (RowNormGradItem).
+struct ForwardStages {
+  static constexpr bool kForward = true;
+  using Args = RowForward;
+  static Args args(const RowNormItem& it) {
+    return {it.centered, it.x, it.gamma, it.beta, it.y, it.mean, it.rstd};
   }
-  double value() const { return static_cast<double>(h & ((1ULL << 52) - 1)); }
+  static void validate(Validator& v, const std::string& p, const Args& a) {
+    validate_row_forward(v, p, a);
+  }
+  static void partial(const Args& a, DType wire, void* s, const NormOptions& opt) {
+    row_forward_partial(a, wire, s, {opt.num_threads});
+  }
+  static void apply(const Args& a, DType wire, void* s, double n, const NormOptions& opt) {
+    row_forward_apply(a, wire, s, n, opt.eps, {opt.num_threads});
+  }
 };
 
-// Values the payload holds for the items, and each item's offset into it (after the K counts).
-template <class Item>
-std::vector<size_t> layout(const Item* items, size_t count, size_t& total) {
-  std::vector<size_t> off(count);
-  total = count;
-  for (size_t i = 0; i < count; ++i) {
-    off[i] = total;
-    total += static_cast<size_t>(row_geometry(items[i].x).rows * row_stat_width(items[i].centered));
+struct BackwardStages {
+  static constexpr bool kForward = false;
+  using Args = RowBackward;
+  static Args args(const RowNormGradItem& it) {
+    return {it.centered, it.dy, it.x, it.gamma, it.mean, it.rstd, it.dx, it.dgamma, it.dbeta};
   }
-  return off;
-}
-
-template <class Item, class Validate, class Partial, class Apply>
-void run(const char* op, Communicator& comm, const Item* items, size_t count,
-         const NormOptions& opt, bool forward, Validate validate, Partial partial, Apply apply) {
-  detail::PackedCall call(comm, op, detail::wire_of(opt.stats), opt.check_agreement);
-  detail::Validator v(call, comm.device());
-  if (count > 0 && !items) v.fail("items", "is null but count is " + std::to_string(count));
-  detail::host_only(v, comm.device());
-  if (forward) v.eps(opt.eps);
-  Digest d;
-  int64_t rows_total = 0;
-  for (size_t i = 0; i < count && items; ++i) {
-    const Item& it = items[i];
-    validate(v, "items[" + std::to_string(i) + "].", it);
-    const int64_t rows = row_geometry(it.x).rows;
-    rows_total += rows;
-    d.add(rows);
-    d.add(it.centered);
-    d.add(static_cast<int64_t>(it.x.dtype));
-    d.add(it.gamma.present());
+  static void validate(Validator& v, const std::string& p, const Args& a) {
+    validate_row_backward(v, p, a);
   }
-  call.agree("items", static_cast<double>(items ? count : 0));
-  call.agree("rows_total", static_cast<double>(rows_total));
-  call.agree("item_digest", d.value());
-  call.agree("stats", static_cast<double>(opt.stats));
-  if (forward) call.agree("eps", opt.eps);
+  static void partial(const Args& a, DType wire, void* s, const NormOptions& opt) {
+    row_backward_partial(a, wire, s, {opt.num_threads});
+  }
+  static void apply(const Args& a, DType wire, void* s, double n, const NormOptions& opt) {
+    row_backward_apply(a, wire, s, n, {opt.num_threads});
+  }
+};
 
-  size_t total = 0;
-  const std::vector<size_t> off = items ? layout(items, count, total) : std::vector<size_t>{};
-  call.prepare(total, 0);
-  const size_t vsize = dtype_size(call.wire());
-  auto at = [&](size_t value) {
-    return static_cast<char*>(detail::payload_of(call)) + value * vsize;
-  };
-  if (!call.failed()) {
-    for (size_t i = 0; i < off.size(); ++i) {
-      const double cols = static_cast<double>(row_geometry(items[i].x).h);
-      if (call.wire() == DType::F64)
-        reinterpret_cast<double*>(at(0))[i] = cols;
-      else
-        reinterpret_cast<float*>(at(0))[i] = static_cast<float>(cols);
-      partial(items[i], at(off[i]));
+template <class Item, class Stages>
+class BatchedOp final : public OpSpec {
+ public:
+  BatchedOp(const char* name, const Item* items, size_t count, const NormOptions& opt)
+      : OpSpec(name, opt.stats, opt.check_agreement), items_(items), count_(count), opt_(opt) {
+    if (!items) return;
+    args_.reserve(count);
+    offsets_.reserve(count);
+    total_ = count;  // the K column counts come first
+    for (size_t i = 0; i < count; ++i) {
+      args_.push_back(Stages::args(items[i]));
+      offsets_.push_back(total_);
+      total_ += args_.back().stat_values();
     }
   }
-  call.reduce();
-  for (size_t i = 0; i < off.size(); ++i) {
-    const double n = call.wire() == DType::F64 ? reinterpret_cast<double*>(at(0))[i]
-                                               : reinterpret_cast<float*>(at(0))[i];
-    detail::check_naive_count(opt.stats, n);
-    apply(items[i], at(off[i]), n);
-  }
-}
 
-detail::RowForwardArgs as_args(const RowNormItem& it) {
-  return {it.centered, it.x, it.gamma, it.beta, it.y, it.mean, it.rstd};
-}
-detail::RowBackwardArgs as_args(const RowNormGradItem& it) {
-  return {it.centered, it.dy, it.x, it.gamma, it.mean, it.rstd, it.dx, it.dgamma, it.dbeta};
-}
+  void validate(Validator& v) const override {
+    if (count_ > 0 && !items_) v.fail("items", "is null but count is " + std::to_string(count_));
+    if (Stages::kForward) v.eps(opt_.eps);
+    for (size_t i = 0; i < args_.size(); ++i)
+      Stages::validate(v, "items[" + std::to_string(i) + "].", args_[i]);
+  }
+  // PackedCall keeps a bounded number of named fields, so the items are folded into one exact
+  // integer (52 bits of an FNV-1a digest fit a double).
+  void agree(PackedCall& call) const override {
+    uint64_t digest = call_header::kFnvOffset;
+    int64_t rows_total = 0;
+    for (const auto& a : args_) {
+      rows_total += a.g.rows;
+      const int64_t fields[] = {a.g.rows, a.centered, static_cast<int64_t>(a.x.dtype),
+                                a.gamma.present()};
+      digest = fnv1a(digest, fields, sizeof fields);
+    }
+    call.agree("items", static_cast<double>(items_ ? count_ : 0));
+    call.agree("rows_total", static_cast<double>(rows_total));
+    call.agree("item_digest", static_cast<double>(digest & ((1ULL << 52) - 1)));
+    call.agree("stats", static_cast<double>(opt_.stats));
+    if (Stages::kForward) call.agree("eps", opt_.eps);
+  }
+  PayloadSize payload() const override { return {total_, 0}; }
+
+  void partial(PackedCall& call) override {
+    for (size_t i = 0; i < args_.size(); ++i) {
+      const double cols = static_cast<double>(args_[i].g.h);
+      dispatch_acc(call.wire(), [&](auto w) {
+        call.payload<decltype(w)>()[i] = static_cast<decltype(w)>(cols);
+      });
+      Stages::partial(args_[i], call.wire(), at(call, offsets_[i]), opt_);
+    }
+  }
+  void apply(PackedCall& call) override {
+    for (size_t i = 0; i < args_.size(); ++i) {
+      double n = 0;
+      dispatch_acc(call.wire(), [&](auto w) { n = call.payload<decltype(w)>()[i]; });
+      check_naive_count(opt_.stats, n, name(), "row");
+      Stages::apply(args_[i], call.wire(), at(call, offsets_[i]), n, opt_);
+    }
+  }
+
+ private:
+  static void* at(PackedCall& call, size_t value) {
+    return static_cast<char*>(call.payload_data()) + value * dtype_size(call.wire());
+  }
+
+  const Item* items_;
+  size_t count_;
+  const NormOptions& opt_;
+  std::vector<typename Stages::Args> args_;
+  std::vector<size_t> offsets_;  // of each item's statistics, in payload values
+  size_t total_ = 0;
+};
 
 }  // namespace
+}  // namespace detail
 
 void batched_norm_forward(Communicator& comm, const RowNormItem* items, size_t count,
                           const NormOptions& opt) {
-  const DType wire = detail::wire_of(opt.stats);
-  run(
-      "batched_norm_forward", comm, items, count, opt, true,
-      [](detail::Validator& v, const std::string& p, const RowNormItem& it) {
-        detail::validate_row_forward(v, p, as_args(it));
-      },
-      [&](const RowNormItem& it, void* s) {
-        detail::row_forward_partial(as_args(it), wire, s, opt.num_threads);
-      },
-      [&](const RowNormItem& it, void* s, double n) {
-        detail::row_forward_apply(as_args(it), wire, s, n, opt.eps, opt.num_threads);
-      });
+  detail::BatchedOp<RowNormItem, detail::ForwardStages> op("batched_norm_forward", items, count,
+                                                           opt);
+  detail::run_op(comm, op);
 }
 
 void batched_norm_backward(Communicator& comm, const RowNormGradItem* items, size_t count,
                            const NormOptions& opt) {
-  const DType wire = detail::wire_of(opt.stats);
-  run(
-      "batched_norm_backward", comm, items, count, opt, false,
-      [](detail::Validator& v, const std::string& p, const RowNormGradItem& it) {
-        detail::validate_row_backward(v, p, as_args(it));
-      },
-      [&](const RowNormGradItem& it, void* s) {
-        detail::row_backward_partial(as_args(it), wire, s, opt.num_threads);
-      },
-      [&](const RowNormGradItem& it, void* s, double n) {
-        detail::row_backward_apply(as_args(it), wire, s, n, opt.num_threads);
-      });
+  detail::BatchedOp<RowNormGradItem, detail::BackwardStages> op("batched_norm_backward", items,
+                                                                count, opt);
+  detail::run_op(comm, op);
 }
 
 }  // namespace tpnorm

@@ -1,4 +1,5 @@
-// fused.cpp — residual add + row norm: validate -> fused partial (writes h) -> ONE reduce ->
+// fused.cpp — the fused residual add + row norm specs (see tpnorm/fused.h), and the DeepNorm
+// presets. forward: partial = residual add writing h and its row statistics -> ONE reduce ->
 // the row norm's apply on h; backward: the row norm's stages on (dy, h) + residual epilogue.
 #include "tpnorm/fused.h"
 
@@ -7,18 +8,31 @@
 
 #include "common/dispatch.h"
 #include "kernels/cpu/residual.h"
-#include "ops/packed_call.h"
+#include "ops/op_spec.h"
 #include "ops/row_stages.h"
 
 namespace tpnorm {
+namespace detail {
 namespace {
 
 namespace kc = kernels::cpu;
-using detail::row_geometry;
 
-void agree_common(detail::PackedCall& call, const TensorView& x, bool centered, double alpha,
+// One fused call: the residual add's own views, and the row norm's call on h.
+struct FusedForward {
+  TensorView x, f;
+  double alpha;
+  RowForwardCall norm;  // on h: norm.a.x is h
+  RowGeometry gx = row_geometry(x);
+};
+struct FusedBackward {
+  TensorView dh_extra, dx;
+  double alpha;
+  RowBackwardCall norm;  // on (dy, h), its input gradient into df: norm.a.x is h, norm.a.dx df
+};
+
+void agree_common(PackedCall& call, const TensorView& x, int64_t rows, bool centered, double alpha,
                   const TensorView& gamma, const NormOptions& opt) {
-  call.agree("rows", static_cast<double>(row_geometry(x).rows));
+  call.agree("rows", static_cast<double>(rows));
   call.agree("dtype", static_cast<double>(x.dtype));
   call.agree("centered", centered ? 1 : 0);
   call.agree("stats", static_cast<double>(opt.stats));
@@ -26,103 +40,180 @@ void agree_common(detail::PackedCall& call, const TensorView& x, bool centered, 
   call.agree("gamma", gamma.present() ? 1 : 0);
 }
 
-bool alpha_ok(detail::Validator& v, double alpha) {
-  return std::isfinite(alpha) || v.fail("alpha", "must be finite");
+// alpha, then the first input of the residual add (x forward, h backward) under its own name.
+void check_residual(Validator& v, double alpha, const char* name, const TensorView& t) {
+  if (!std::isfinite(alpha)) v.fail("alpha", "must be finite");
+  v.usable(name, t);
+  v.storage(name, t);
 }
 
-void forward(const char* op, bool centered, Communicator& comm, const TensorView& x,
-             const TensorView& f, double alpha, const TensorView& gamma, const TensorView& beta,
-             const TensorView& h, const TensorView& y, const TensorView& mean,
-             const TensorView& rstd, const NormOptions& opt) {
-  const detail::RowGeometry g = row_geometry(x);
-  detail::PackedCall call(comm, op, detail::wire_of(opt.stats), opt.check_agreement);
-  detail::Validator v(call, comm.device());
-  // The norm's stages see h as their input: validate it as such, and x/f against it.
-  const detail::RowForwardArgs norm{centered, h, gamma, beta, y, mean, rstd};
-  detail::host_only(v, comm.device()) && v.eps(opt.eps) && alpha_ok(v, alpha) && v.usable("x", x) &&
-      v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) && v.usable("f", f) &&
-      v.same_shape("f", f, x.shape) && v.same_dtype("f", f, x.dtype) && v.usable("h", h) &&
-      v.same_shape("h", h, x.shape) && v.same_dtype("h", h, x.dtype) &&
-      detail::validate_row_forward(v, "", norm);
-  agree_common(call, x, centered, alpha, gamma, opt);
-  call.agree("eps", opt.eps);
-  call.agree("beta", centered && beta.present() ? 1 : 0);
+// Forward: the partial writes h = alpha*x + f and its row statistics in one pass; the apply is
+// the row norm's on h.
+class FusedForwardOp final : public SpecOf<FusedForward> {
+ public:
+  using SpecOf::SpecOf;
 
-  call.prepare(static_cast<size_t>(g.rows * detail::row_stat_width(centered)),
-               static_cast<double>(g.h));
-  if (!call.failed()) {
-    const kc::RowNormArgs a{g.rows, g.h, centered, opt.num_threads};
-    detail::dispatch_storage(x.dtype, [&](auto t) {
-      detail::dispatch_acc(call.wire(), [&](auto w) {
+  // The norm's stages see h as their input: x, f and h are checked under their own names first.
+  void validate(Validator& v) const override {
+    const FusedForward& a = args_;
+    v.eps(a.norm.opt.eps);
+    check_residual(v, a.alpha, "x", a.x);
+    v.like("f", a.f, a.x);
+    v.like("h", a.norm.a.x, a.x);
+    validate_row_forward(v, "", a.norm.a);
+  }
+  void agree(PackedCall& call) const override {
+    const RowForward& n = args_.norm.a;
+    agree_common(call, args_.x, args_.gx.rows, n.centered, args_.alpha, n.gamma, args_.norm.opt);
+    call.agree("eps", args_.norm.opt.eps);
+    call.agree("beta", n.centered && n.beta.present() ? 1 : 0);
+  }
+  // Sized from x, whose rows the ranks agree on, so that a bad h on one rank cannot change the
+  // length of its collective.
+  PayloadSize payload() const override {
+    const RowGeometry& g = args_.gx;
+    return {static_cast<size_t>(g.rows * row_stat_width(args_.norm.a.centered)),
+            static_cast<double>(g.h)};
+  }
+  void partial(PackedCall& call) override {
+    const FusedForward& a = args_;
+    const kc::RowNormArgs k{a.gx.rows, a.gx.h, a.norm.a.centered, a.norm.run.threads};
+    dispatch_storage(a.x.dtype, [&](auto t) {
+      dispatch_acc(call.wire(), [&](auto w) {
         using T = decltype(t);
         using W = decltype(w);
-        kc::residual_partial_forward<T, W>(a, static_cast<const T*>(x.data),
-                                           static_cast<const T*>(f.data), static_cast<float>(alpha),
-                                           static_cast<T*>(h.data), call.payload<W>());
+        kc::residual_partial_forward<T, W>(
+            k, static_cast<const T*>(a.x.data), static_cast<const T*>(a.f.data),
+            static_cast<float>(a.alpha), static_cast<T*>(a.norm.a.x.data), call.payload<W>());
       });
     });
   }
-  call.reduce();
-  detail::check_naive_count(opt.stats, call.global_count());
-  detail::row_forward_apply(norm, call.wire(), detail::payload_of(call), call.global_count(),
-                            opt.eps, opt.num_threads);
+  void apply(PackedCall& call) override {
+    const RowForwardCall& n = args_.norm;
+    check_naive_count(n.opt.stats, call.global_count(), name(), "row");
+    row_forward_apply(n.a, call.wire(), call.payload_data(), call.global_count(), n.opt.eps, n.run);
+  }
+};
+
+// Backward: the row norm's stages on (dy, h) with its input gradient going to df, then the
+// residual epilogue finishes df and dx.
+class FusedBackwardOp final : public SpecOf<FusedBackward> {
+ public:
+  using SpecOf::SpecOf;
+
+  // h and df are checked under their own names first: the stage calls them x and dx.
+  void validate(Validator& v) const override {
+    const FusedBackward& a = args_;
+    const TensorView& h = a.norm.a.x;
+    check_residual(v, a.alpha, "h", h);
+    v.like("df", a.norm.a.dx, h);
+    validate_row_backward(v, "", a.norm.a);
+    v.like("dx", a.dx, h);
+    if (a.dh_extra.present()) v.like("dh_extra", a.dh_extra, h);
+  }
+  void agree(PackedCall& call) const override {
+    const RowBackward& n = args_.norm.a;
+    agree_common(call, n.x, n.g.rows, n.centered, args_.alpha, n.gamma, args_.norm.opt);
+    call.agree("dh_extra", args_.dh_extra.present() ? 1 : 0);
+  }
+  PayloadSize payload() const override {
+    const RowBackward& n = args_.norm.a;
+    return {n.stat_values(), static_cast<double>(n.g.h)};
+  }
+  void partial(PackedCall& call) override {
+    const RowBackwardCall& n = args_.norm;
+    row_backward_partial(n.a, call.wire(), call.payload_data(), n.run);
+  }
+  void apply(PackedCall& call) override {
+    const FusedBackward& a = args_;
+    const RowBackwardCall& n = a.norm;
+    check_naive_count(n.opt.stats, call.global_count(), name(), "row");
+    row_backward_apply(n.a, call.wire(), call.payload_data(), call.global_count(), n.run);
+    dispatch_storage(n.a.x.dtype, [&](auto t) {
+      using T = decltype(t);
+      kc::residual_backward_epilogue<T>(
+          n.a.g.rows * n.a.g.h, static_cast<const T*>(a.dh_extra.data), static_cast<float>(a.alpha),
+          static_cast<T*>(n.a.dx.data), static_cast<T*>(a.dx.data), n.run.threads);
+    });
+  }
+};
+
+void fused_forward(const char* name, Communicator& comm, const TensorView& x, const TensorView& f,
+                   double alpha, const RowForward& norm, const NormOptions& opt) {
+  FusedForwardOp op(name, opt, {x, f, alpha, {norm, opt, {opt.num_threads}}});
+  run_op(comm, op);
 }
 
-void backward(const char* op, bool centered, Communicator& comm, const TensorView& dy,
-              const TensorView& dh_extra, const TensorView& h, const TensorView& gamma,
-              const TensorView& mean, const TensorView& rstd, double alpha, const TensorView& dx,
-              const TensorView& df, const TensorView& dgamma, const TensorView& dbeta,
-              const NormOptions& opt) {
-  const detail::RowGeometry g = row_geometry(h);
-  detail::PackedCall call(comm, op, detail::wire_of(opt.stats), opt.check_agreement);
-  detail::Validator v(call, comm.device());
-  // The norm's input gradient goes to df first; the epilogue then finishes df and dx.
-  const detail::RowBackwardArgs norm{centered, dy, h, gamma, mean, rstd, df, dgamma, dbeta};
-  // h and df are checked under their own names first: the stage calls them x and dx.
-  detail::host_only(v, comm.device()) && alpha_ok(v, alpha) && v.usable("h", h) &&
-      v.dtype_in("h", h, {DType::F32, DType::F16, DType::BF16}) && v.usable("df", df) &&
-      v.same_shape("df", df, h.shape) && v.same_dtype("df", df, h.dtype) &&
-      detail::validate_row_backward(v, "", norm) && v.usable("dx", dx) &&
-      v.same_shape("dx", dx, h.shape) && v.same_dtype("dx", dx, h.dtype) &&
-      (!dh_extra.present() ||
-       (v.usable("dh_extra", dh_extra) && v.same_shape("dh_extra", dh_extra, h.shape) &&
-        v.same_dtype("dh_extra", dh_extra, h.dtype)));
-  agree_common(call, h, centered, alpha, gamma, opt);
-  call.agree("dh_extra", dh_extra.present() ? 1 : 0);
+void fused_backward(const char* name, Communicator& comm, const TensorView& dh_extra, double alpha,
+                    const TensorView& dx, const RowBackward& norm, const NormOptions& opt) {
+  FusedBackwardOp op(name, opt, {dh_extra, dx, alpha, {norm, opt, {opt.num_threads}}});
+  run_op(comm, op);
+}
 
-  call.prepare(static_cast<size_t>(g.rows * detail::row_stat_width(centered)),
-               static_cast<double>(g.h));
-  if (!call.failed())
-    detail::row_backward_partial(norm, call.wire(), detail::payload_of(call), opt.num_threads);
-  call.reduce();
-  detail::check_naive_count(opt.stats, call.global_count());
-  detail::row_backward_apply(norm, call.wire(), detail::payload_of(call), call.global_count(),
-                             opt.num_threads);
-  detail::dispatch_storage(h.dtype, [&](auto t) {
-    using T = decltype(t);
-    kc::residual_backward_epilogue<T>(g.rows * g.h, static_cast<const T*>(dh_extra.data),
-                                      static_cast<float>(alpha), static_cast<T*>(df.data),
-                                      static_cast<T*>(dx.data), opt.num_threads);
-  });
+}  // namespace
+}  // namespace detail
+
+namespace {
+
+// The layer counts of a preset as doubles, after checking the ones it uses.
+void deepnorm_layers(const char* fn, DeepNormStack stack, int64_t n, int64_t m, double* nd,
+                     double* md) {
+  const bool uses_n =
+      stack != DeepNormStack::kDecoderOnly && stack != DeepNormStack::kDecoderOfEncoderDecoder;
+  const bool uses_m = stack != DeepNormStack::kEncoderOnly;
+  const bool known = stack == DeepNormStack::kEncoderOnly || stack == DeepNormStack::kDecoderOnly ||
+                     stack == DeepNormStack::kEncoderOfEncoderDecoder ||
+                     stack == DeepNormStack::kDecoderOfEncoderDecoder;
+  auto bad = [&](const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("tpnorm: ") + fn + ": " + what);
+  };
+  if (!known) bad("unknown stack " + std::to_string(static_cast<int>(stack)));
+  if (uses_n && n < 1) bad("encoder_layers must be >= 1, got " + std::to_string(n));
+  if (uses_m && m < 1) bad("decoder_layers must be >= 1, got " + std::to_string(m));
+  *nd = static_cast<double>(n);
+  *md = static_cast<double>(m);
 }
 
 }  // namespace
 
-double deepnorm_alpha(int64_t num_layers, DeepNormStack stack) {
-  if (num_layers < 1)
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        "tpnorm: deepnorm_alpha: num_layers must be >= 1, got " + std::to_string(num_layers));
-  const double k = stack == DeepNormStack::kEncoder ? 2.0 : 8.0;
-  return std::pow(k * static_cast<double>(num_layers), 0.25);
+double deepnorm_alpha(DeepNormStack stack, int64_t encoder_layers, int64_t decoder_layers) {
+  double n = 0, m = 0;
+  deepnorm_layers("deepnorm_alpha", stack, encoder_layers, decoder_layers, &n, &m);
+  switch (stack) {
+    case DeepNormStack::kEncoderOnly:
+      return std::pow(2.0 * n, 0.25);
+    case DeepNormStack::kDecoderOnly:
+      return std::pow(2.0 * m, 0.25);
+    case DeepNormStack::kEncoderOfEncoderDecoder:
+      return 0.81 * std::pow(std::pow(n, 4.0) * m, 1.0 / 16.0);
+    case DeepNormStack::kDecoderOfEncoderDecoder:
+      return std::pow(3.0 * m, 0.25);
+  }
+  return 0;  // unreachable: deepnorm_layers rejects other values
+}
+
+double deepnorm_beta(DeepNormStack stack, int64_t encoder_layers, int64_t decoder_layers) {
+  double n = 0, m = 0;
+  deepnorm_layers("deepnorm_beta", stack, encoder_layers, decoder_layers, &n, &m);
+  switch (stack) {
+    case DeepNormStack::kEncoderOnly:
+      return std::pow(8.0 * n, -0.25);
+    case DeepNormStack::kDecoderOnly:
+      return std::pow(8.0 * m, -0.25);
+    case DeepNormStack::kEncoderOfEncoderDecoder:
+      return 0.87 * std::pow(std::pow(n, 4.0) * m, -1.0 / 16.0);
+    case DeepNormStack::kDecoderOfEncoderDecoder:
+      return std::pow(12.0 * m, -0.25);
+  }
+  return 0;  // unreachable: deepnorm_layers rejects other values
 }
 
 void fused_add_layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& f,
                                   double alpha, const TensorView& gamma, const TensorView& beta,
                                   const TensorView& h, const TensorView& y, const TensorView& mean,
                                   const TensorView& rstd, const NormOptions& opt) {
-  forward("fused_add_layer_norm_forward", true, comm, x, f, alpha, gamma, beta, h, y, mean, rstd,
-          opt);
+  detail::fused_forward("fused_add_layer_norm_forward", comm, x, f, alpha,
+                        {true, h, gamma, beta, y, mean, rstd}, opt);
 }
 
 void fused_add_layer_norm_backward(Communicator& comm, const TensorView& dy,
@@ -131,16 +222,16 @@ void fused_add_layer_norm_backward(Communicator& comm, const TensorView& dy,
                                    const TensorView& rstd, double alpha, const TensorView& dx,
                                    const TensorView& df, const TensorView& dgamma,
                                    const TensorView& dbeta, const NormOptions& opt) {
-  backward("fused_add_layer_norm_backward", true, comm, dy, dh_extra, h, gamma, mean, rstd, alpha,
-           dx, df, dgamma, dbeta, opt);
+  detail::fused_backward("fused_add_layer_norm_backward", comm, dh_extra, alpha, dx,
+                         {true, dy, h, gamma, mean, rstd, df, dgamma, dbeta}, opt);
 }
 
 void fused_add_rms_norm_forward(Communicator& comm, const TensorView& x, const TensorView& f,
                                 double alpha, const TensorView& gamma, const TensorView& h,
                                 const TensorView& y, const TensorView& rstd,
                                 const NormOptions& opt) {
-  forward("fused_add_rms_norm_forward", false, comm, x, f, alpha, gamma, TensorView{}, h, y,
-          TensorView{}, rstd, opt);
+  detail::fused_forward("fused_add_rms_norm_forward", comm, x, f, alpha,
+                        {false, h, gamma, {}, y, {}, rstd}, opt);
 }
 
 void fused_add_rms_norm_backward(Communicator& comm, const TensorView& dy,
@@ -148,8 +239,8 @@ void fused_add_rms_norm_backward(Communicator& comm, const TensorView& dy,
                                  const TensorView& gamma, const TensorView& rstd, double alpha,
                                  const TensorView& dx, const TensorView& df,
                                  const TensorView& dgamma, const NormOptions& opt) {
-  backward("fused_add_rms_norm_backward", false, comm, dy, dh_extra, h, gamma, TensorView{}, rstd,
-           alpha, dx, df, dgamma, TensorView{}, opt);
+  detail::fused_backward("fused_add_rms_norm_backward", comm, dh_extra, alpha, dx,
+                         {false, dy, h, gamma, {}, rstd, df, dgamma, {}}, opt);
 }
 
 }  // namespace tpnorm

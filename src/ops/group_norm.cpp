@@ -1,89 +1,244 @@
-// group_norm.cpp — GroupNorm / InstanceNorm pipelines: validate -> per-(sample, group) partials
-// of ALL groups -> ONE reduce -> apply. Nothing is written to an output before the collective
-// has confirmed that every rank's arguments are valid and agree.
-#include "kernels/cpu/group_norm.h"
+// group_norm.cpp — the GroupNorm / InstanceNorm specs (see tpnorm/group_norm.h): the partial
+// holds per-(sample, group) statistics of ALL groups, of which this rank adds its channels'
+// share; after the ONE reduce the apply checks that the ranks' channel slices tile [0, C).
+// InstanceNorm is GroupNorm with one channel per group.
+#include "tpnorm/group_norm.h"
 
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/dispatch.h"
-#include "ops/packed_call.h"
-#include "ops/row_stages.h"
-#include "ops/validate.h"
-#include "tpnorm/group_norm.h"
+#include "kernels/cpu/group_norm.h"
+#include "ops/op_spec.h"
 
 namespace tpnorm {
+namespace detail {
 namespace {
 
 namespace kc = kernels::cpu;
 
 struct Geometry {
   int64_t n = 0, c_local = 0, spatial = 1, channels = 0;
-  int64_t ng = 0;  ///< N * groups: (sample, group) statistics, set by check()
-  kc::GroupNormArgs args(const ChannelGroups& cg, int threads) const {
-    const int64_t g = cg.groups > 0 ? cg.groups : 1;
-    return {n,      c_local, spatial, cg.channel_offset, g, channels / g > 0 ? channels / g : 1,
-            threads};
-  }
+  int64_t ng = 0;             ///< N * groups: (sample, group) statistics
+  bool ng_overflows = false;  ///< N * groups * 2 payload values exceed int64
 };
 
+// Zeros for a shape the validator rejects (see shape_fits).
 Geometry geometry(const TensorView& x, const ChannelGroups& cg) {
   Geometry g;
-  if (x.shape.ndim >= 2 && detail::shape_fits(x.shape)) {  // else zeros: the validator rejects x
+  if (x.shape.ndim >= 2 && shape_fits(x.shape)) {
     g.n = x.shape[0];
     g.c_local = x.shape[1];
     for (int i = 2; i < x.shape.ndim; ++i) g.spatial *= x.shape[i];
   }
   g.channels = cg.channels < 0 ? g.c_local : cg.channels;
-  return g;
-}
-
-// Local checks of the grouping and the common agreement fields; returns the geometry.
-Geometry check(detail::PackedCall& call, detail::Validator& v, const TensorView& x,
-               const ChannelGroups& cg, const TensorView& gamma, const NormOptions& opt) {
-  Geometry g = geometry(x, cg);
-  detail::host_only(v, x.device) && v.usable("x", x) &&
-      v.dtype_in("x", x, {DType::F32, DType::F16, DType::BF16}) &&
-      (x.shape.ndim >= 2 || v.fail("x", "must be [N, C, *spatial], got " + x.shape.str())) &&
-      (cg.groups >= 1 || v.fail("groups", "must be >= 1, got " + std::to_string(cg.groups))) &&
-      (g.channels % cg.groups == 0 ||
-       v.fail("groups", std::to_string(cg.groups) + " does not divide " +
-                            std::to_string(g.channels) + " channels")) &&
-      // channels - c_local, not offset + c_local: an absurd offset must not overflow.
-      ((cg.channel_offset >= 0 && cg.channel_offset <= g.channels - g.c_local) ||
-       v.fail("channel_offset", std::to_string(cg.channel_offset) + " + " +
-                                    std::to_string(g.c_local) + " local channels exceeds " +
-                                    std::to_string(g.channels)));
-  call.agree("n", static_cast<double>(g.n));
-  call.agree("channels", static_cast<double>(g.channels));
-  call.agree("groups", static_cast<double>(cg.groups));
-  call.agree("spatial", static_cast<double>(g.spatial));
-  call.agree("dtype", static_cast<double>(x.dtype));
-  call.agree("stats", static_cast<double>(opt.stats));
-  call.agree("gamma", gamma.present() ? 1 : 0);
   // groups is the caller's number, not a dim of x: N * groups * 2 payload values must fit.
   if (cg.groups >= 1 && (__builtin_mul_overflow(g.n, cg.groups, &g.ng) ||
                          g.ng > std::numeric_limits<int64_t>::max() / 2)) {
-    v.fail("groups", std::to_string(g.n) + " samples x " + std::to_string(cg.groups) +
-                         " groups overflows int64");
+    g.ng_overflows = true;
     g.ng = 0;
   }
-  // Local count: this rank's channels; summed, it must be all channels (slices tile [0, C)).
-  call.prepare(static_cast<size_t>(g.ng * 2), static_cast<double>(g.c_local));
   return g;
 }
 
-void check_tiling(detail::PackedCall& call, const Geometry& g, const char* op) {
-  if (call.global_count() != static_cast<double>(g.channels))
+kc::GroupNormArgs kernel_args(const Geometry& g, const ChannelGroups& cg, int threads) {
+  const int64_t groups = cg.groups > 0 ? cg.groups : 1;
+  const int64_t cpg = g.channels / groups > 0 ? g.channels / groups : 1;
+  return {g.n, g.c_local, g.spatial, cg.channel_offset, groups, cpg, threads};
+}
+
+// What the forward and backward calls share: x and its grouping, computed once.
+struct Grouping {
+  TensorView x;
+  ChannelGroups cg;
+  TensorView gamma;
+  const NormOptions& opt;
+  Geometry g = geometry(x, cg);
+  kc::GroupNormArgs k = kernel_args(g, cg, opt.num_threads);
+};
+
+struct GroupForward {
+  Grouping grp;
+  TensorView beta, y, mean, rstd;
+};
+
+struct GroupBackward {
+  Grouping grp;
+  TensorView dy, mean, rstd, dx, dgamma, dbeta;
+};
+
+void validate_grouping(Validator& v, const Grouping& grp) {
+  const ChannelGroups& cg = grp.cg;
+  const Geometry& g = grp.g;
+  v.usable("x", grp.x);
+  v.storage("x", grp.x);
+  if (grp.x.shape.ndim < 2) v.fail("x", "must be [N, C, *spatial], got " + grp.x.shape.str());
+  if (cg.groups < 1) v.fail("groups", "must be >= 1, got " + std::to_string(cg.groups));
+  if (v.ok() && g.channels % cg.groups != 0)  // groups >= 1 here
+    v.fail("groups", std::to_string(cg.groups) + " does not divide " + std::to_string(g.channels) +
+                         " channels");
+  // channels - c_local, not offset + c_local: an absurd offset must not overflow.
+  if (v.ok() && (cg.channel_offset < 0 || cg.channel_offset > g.channels - g.c_local))
+    v.fail("channel_offset", std::to_string(cg.channel_offset) + " + " + std::to_string(g.c_local) +
+                                 " local channels exceeds " + std::to_string(g.channels));
+  if (g.ng_overflows)
+    v.fail("groups", std::to_string(g.n) + " samples x " + std::to_string(cg.groups) +
+                         " groups overflows int64");
+}
+
+void agree_grouping(PackedCall& call, const Grouping& grp) {
+  call.agree("n", static_cast<double>(grp.g.n));
+  call.agree("channels", static_cast<double>(grp.g.channels));
+  call.agree("groups", static_cast<double>(grp.cg.groups));
+  call.agree("spatial", static_cast<double>(grp.g.spatial));
+  call.agree("dtype", static_cast<double>(grp.x.dtype));
+  call.agree("stats", static_cast<double>(grp.opt.stats));
+  call.agree("gamma", grp.gamma.present() ? 1 : 0);
+}
+
+// 2 values per (sample, group); the local count is this rank's channels, which summed over the
+// ranks must be all channels (the slices tile [0, C)).
+PayloadSize grouping_payload(const Grouping& grp) {
+  return {static_cast<size_t>(grp.g.ng * 2), static_cast<double>(grp.g.c_local)};
+}
+
+// After the reduce: checks the tiling and the naive mode's count; the elements per group.
+double checked_count(const PackedCall& call, const Grouping& grp, const char* op) {
+  if (call.global_count() != static_cast<double>(grp.g.channels))
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("tpnorm: ") + op + ": the ranks' channel slices hold " +
                     std::to_string(static_cast<int64_t>(call.global_count())) +
-                    " channels in all, expected " + std::to_string(g.channels));
+                    " channels in all, expected " + std::to_string(grp.g.channels));
+  const double count = static_cast<double>(grp.k.cpg) * static_cast<double>(grp.g.spatial);
+  check_naive_count(grp.opt.stats, count, op, "group");
+  return count;
 }
 
-void stats_ok(detail::Validator& v, const char* name, const TensorView& t, int64_t ng, DType dt) {
-  v.optional(name, t, ng, dt) && (!t.present() || v.dtype_in(name, t, {DType::F32, DType::F64}));
+class GroupForwardOp final : public SpecOf<GroupForward> {
+ public:
+  using SpecOf::SpecOf;
+
+  void validate(Validator& v) const override {
+    const Grouping& grp = args_.grp;
+    const DType saved = saved_dtype(args_.mean, args_.rstd);
+    v.eps(grp.opt.eps);
+    validate_grouping(v, grp);
+    v.like("y", args_.y, grp.x);
+    v.optional("gamma", grp.gamma, grp.g.c_local, grp.x.dtype);
+    v.optional("beta", args_.beta, grp.g.c_local, grp.x.dtype);
+    v.optional_stats("rstd", args_.rstd, grp.g.ng, saved);
+    v.optional_stats("mean", args_.mean, grp.g.ng, saved);
+  }
+  void agree(PackedCall& call) const override {
+    call.agree("eps", args_.grp.opt.eps);
+    call.agree("beta", args_.beta.present() ? 1 : 0);
+    agree_grouping(call, args_.grp);
+  }
+  PayloadSize payload() const override { return grouping_payload(args_.grp); }
+  void partial(PackedCall& call) override {
+    const Grouping& grp = args_.grp;
+    dispatch_storage(grp.x.dtype, [&](auto t) {
+      dispatch_acc(call.wire(), [&](auto w) {
+        using T = decltype(t);
+        using W = decltype(w);
+        kc::group_partial_forward<T, W>(grp.k, static_cast<const T*>(grp.x.data),
+                                        call.payload<W>());
+      });
+    });
+  }
+  void apply(PackedCall& call) override {
+    const Grouping& grp = args_.grp;
+    const GroupForward& a = args_;
+    const double count = checked_count(call, grp, name());
+    dispatch_kernel_types(
+        grp.x.dtype, call.wire(), saved_dtype(a.mean, a.rstd), [&](auto t, auto w, auto s) {
+          using T = decltype(t);
+          using W = decltype(w);
+          using S = decltype(s);
+          kc::group_apply_forward<T, W, S>(
+              grp.k, static_cast<const T*>(grp.x.data), static_cast<const T*>(grp.gamma.data),
+              static_cast<const T*>(a.beta.data), call.payload<W>(), count, grp.opt.eps,
+              static_cast<T*>(a.y.data), static_cast<S*>(a.mean.data),
+              static_cast<S*>(a.rstd.data));
+        });
+  }
+};
+
+class GroupBackwardOp final : public SpecOf<GroupBackward> {
+ public:
+  using SpecOf::SpecOf;
+
+  void validate(Validator& v) const override {
+    const Grouping& grp = args_.grp;
+    validate_grouping(v, grp);
+    v.like("dy", args_.dy, grp.x);
+    v.like("dx", args_.dx, grp.x);
+    v.optional("gamma", grp.gamma, grp.g.c_local, grp.x.dtype);
+    v.stats("rstd", args_.rstd, grp.g.ng);
+    v.stats_like("mean", args_.mean, grp.g.ng, args_.rstd);
+    v.optional("dgamma", args_.dgamma, grp.g.c_local, grp.x.dtype);
+    v.optional("dbeta", args_.dbeta, grp.g.c_local, grp.x.dtype);
+  }
+  void agree(PackedCall& call) const override { agree_grouping(call, args_.grp); }
+  PayloadSize payload() const override { return grouping_payload(args_.grp); }
+  // This rank's dgamma / dbeta partial sums stay local (they are per local channel).
+  void partial(PackedCall& call) override {
+    const int64_t c_local = args_.grp.g.c_local;
+    dparams_.assign(static_cast<size_t>(2 * (c_local > 0 ? c_local : 0)), 0.0);
+    dispatch(call, [&](auto in, auto* stats) {
+      kc::group_partial_backward(args_.grp.k, in.dy, in.x, in.gamma, in.mean, in.rstd, stats,
+                                 dparams_.data());
+    });
+  }
+  void apply(PackedCall& call) override {
+    const double count = checked_count(call, args_.grp, name());
+    dispatch(call, [&](auto in, auto* stats) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(in.x)>>;
+      kc::group_apply_backward(args_.grp.k, in.dy, in.x, in.gamma, in.mean, in.rstd, stats, count,
+                               dparams_.data(), static_cast<T*>(args_.dx.data),
+                               static_cast<T*>(args_.dgamma.data),
+                               static_cast<T*>(args_.dbeta.data));
+    });
+  }
+
+ private:
+  // The backward's inputs, typed: what its partial and apply kernels both read.
+  template <class T, class S>
+  struct In {
+    const T* dy;
+    const T* x;
+    const T* gamma;
+    const S* mean;
+    const S* rstd;
+  };
+  // fn(In<T, S>, W* payload) for the call's storage, wire and saved-statistics types.
+  template <class Fn>
+  void dispatch(PackedCall& call, Fn&& fn) {
+    const GroupBackward& a = args_;
+    dispatch_kernel_types(a.grp.x.dtype, call.wire(), a.rstd.dtype, [&](auto t, auto w, auto s) {
+      using T = decltype(t);
+      using S = decltype(s);
+      fn(In<T, S>{static_cast<const T*>(a.dy.data), static_cast<const T*>(a.grp.x.data),
+                  static_cast<const T*>(a.grp.gamma.data), static_cast<const S*>(a.mean.data),
+                  static_cast<const S*>(a.rstd.data)},
+         call.payload<decltype(w)>());
+    });
+  }
+
+  std::vector<double> dparams_;
+};
+
+}  // namespace
+}  // namespace detail
+
+namespace {
+
+ChannelGroups per_channel(const TensorView& x, ChannelGroups cg) {
+  cg.groups = cg.channels >= 0 ? cg.channels : (x.shape.ndim >= 2 ? x.shape[1] : 1);
+  if (cg.groups < 1) cg.groups = 1;  // C = 0 everywhere: nothing to normalize
+  return cg;
 }
 
 }  // namespace
@@ -91,99 +246,18 @@ void stats_ok(detail::Validator& v, const char* name, const TensorView& t, int64
 void group_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
                         const TensorView& gamma, const TensorView& beta, const TensorView& y,
                         const TensorView& mean, const TensorView& rstd, const NormOptions& opt) {
-  const char* op = "group_norm_forward";
-  detail::PackedCall call(comm, op, detail::wire_of(opt.stats), opt.check_agreement);
-  detail::Validator v(call, comm.device());
-  v.eps(opt.eps);
-  call.agree("eps", opt.eps);
-  call.agree("beta", beta.present() ? 1 : 0);
-  const Geometry g = check(call, v, x, cg, gamma, opt);
-  const DType sdt = rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);
-  v.usable("y", y) && v.same_shape("y", y, x.shape) && v.same_dtype("y", y, x.dtype) &&
-      v.optional("gamma", gamma, g.c_local, x.dtype) &&
-      v.optional("beta", beta, g.c_local, x.dtype);
-  stats_ok(v, "rstd", rstd, g.ng, sdt);
-  stats_ok(v, "mean", mean, g.ng, sdt);
-  const kc::GroupNormArgs a = g.args(cg, opt.num_threads);
-  if (!call.failed()) {
-    detail::dispatch_storage(x.dtype, [&](auto t) {
-      detail::dispatch_acc(call.wire(), [&](auto w) {
-        using T = decltype(t);
-        using W = decltype(w);
-        kc::group_partial_forward<T, W>(a, static_cast<const T*>(x.data), call.payload<W>());
-      });
-    });
-  }
-  call.reduce();
-  check_tiling(call, g, op);
-  const double count = static_cast<double>(a.cpg) * static_cast<double>(g.spatial);
-  detail::check_naive_count(opt.stats, count);
-  detail::dispatch_kernel_types(x.dtype, call.wire(), sdt, [&](auto t, auto w, auto s) {
-    using T = decltype(t);
-    using W = decltype(w);
-    using S = decltype(s);
-    kc::group_apply_forward<T, W, S>(
-        a, static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
-        static_cast<const T*>(beta.data), call.payload<W>(), count, opt.eps,
-        static_cast<T*>(y.data), static_cast<S*>(mean.data), static_cast<S*>(rstd.data));
-  });
+  detail::GroupForwardOp op("group_norm_forward", opt, {{x, cg, gamma, opt}, beta, y, mean, rstd});
+  detail::run_op(comm, op);
 }
 
 void group_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
                          const ChannelGroups& cg, const TensorView& gamma, const TensorView& mean,
                          const TensorView& rstd, const TensorView& dx, const TensorView& dgamma,
                          const TensorView& dbeta, const NormOptions& opt) {
-  const char* op = "group_norm_backward";
-  detail::PackedCall call(comm, op, detail::wire_of(opt.stats), opt.check_agreement);
-  detail::Validator v(call, comm.device());
-  const Geometry g = check(call, v, x, cg, gamma, opt);
-  const int64_t ng = g.ng;
-  v.usable("dy", dy) && v.same_shape("dy", dy, x.shape) && v.same_dtype("dy", dy, x.dtype) &&
-      v.usable("dx", dx) && v.same_shape("dx", dx, x.shape) && v.same_dtype("dx", dx, x.dtype) &&
-      v.optional("gamma", gamma, g.c_local, x.dtype) && v.usable("rstd", rstd) &&
-      v.numel_is("rstd", rstd, ng) && v.dtype_in("rstd", rstd, {DType::F32, DType::F64}) &&
-      v.usable("mean", mean) && v.numel_is("mean", mean, ng) &&
-      v.same_dtype("mean", mean, rstd.dtype) && v.optional("dgamma", dgamma, g.c_local, x.dtype) &&
-      v.optional("dbeta", dbeta, g.c_local, x.dtype);
-  const kc::GroupNormArgs a = g.args(cg, opt.num_threads);
-  std::vector<double> dparams(static_cast<size_t>(2 * (g.c_local > 0 ? g.c_local : 0)));
-  auto run = [&](auto&& body) {
-    detail::dispatch_kernel_types(x.dtype, call.wire(), rstd.dtype, body);
-  };
-  if (!call.failed()) {
-    run([&](auto t, auto w, auto s) {
-      using T = decltype(t);
-      using W = decltype(w);
-      using S = decltype(s);
-      kc::group_partial_backward<T, W, S>(
-          a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
-          static_cast<const T*>(gamma.data), static_cast<const S*>(mean.data),
-          static_cast<const S*>(rstd.data), call.payload<W>(), dparams.data());
-    });
-  }
-  call.reduce();
-  check_tiling(call, g, op);
-  const double count = static_cast<double>(a.cpg) * static_cast<double>(g.spatial);
-  detail::check_naive_count(opt.stats, count);
-  run([&](auto t, auto w, auto s) {
-    using T = decltype(t);
-    using W = decltype(w);
-    using S = decltype(s);
-    kc::group_apply_backward<T, W, S>(
-        a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
-        static_cast<const T*>(gamma.data), static_cast<const S*>(mean.data),
-        static_cast<const S*>(rstd.data), call.payload<W>(), count, dparams.data(),
-        static_cast<T*>(dx.data), static_cast<T*>(dgamma.data), static_cast<T*>(dbeta.data));
-  });
+  detail::GroupBackwardOp op("group_norm_backward", opt,
+                             {{x, cg, gamma, opt}, dy, mean, rstd, dx, dgamma, dbeta});
+  detail::run_op(comm, op);
 }
-
-namespace {
-ChannelGroups per_channel(const TensorView& x, ChannelGroups cg) {
-  cg.groups = cg.channels >= 0 ? cg.channels : (x.shape.ndim >= 2 ? x.shape[1] : 1);
-  if (cg.groups < 1) cg.groups = 1;  // C = 0 everywhere: nothing to normalize
-  return cg;
-}
-}  // namespace
 
 void instance_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
                            const TensorView& gamma, const TensorView& beta, const TensorView& y,

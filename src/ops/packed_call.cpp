@@ -10,24 +10,7 @@
 namespace tpnorm::detail {
 namespace {
 
-constexpr int kChunks = 4;
-constexpr size_t kHeaderBase = 2;
-constexpr size_t kHeaderFull = kHeaderBase + 2 * kChunks;
-
-// Widest chunk whose square, summed over `ranks`, stays an exact integer in the wire type.
-int chunk_bits(DType wire, int ranks) {
-  const int mantissa = wire == DType::F64 ? 53 : 24;
-  int lg = 0;
-  while ((1LL << lg) < ranks) ++lg;
-  const int b = (mantissa - lg) / 2;
-  return b > 16 ? 16 : (b < 1 ? 1 : b);
-}
-
-uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
-  const auto* c = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 0x100000001b3ULL;
-  return h;
-}
+namespace ch = call_header;
 
 double load(const void* base, DType wire, size_t i) {
   return wire == DType::F64 ? static_cast<const double*>(base)[i]
@@ -77,12 +60,11 @@ PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool chec
   comm_.set_current_op(op);  // so that the watchdog can name the call
   agree("sequence", static_cast<double>(comm.next_sequence()));
   if (comm_.strict_now()) check_ = true;
-  header_values_ = check_ ? kHeaderFull : kHeaderBase;
+  header_values_ = static_cast<size_t>(ch::header_values(check_));
   if (comm.device().kind == DeviceKind::CUDA) {
     dev_ = dynamic_cast<DeviceCommunicator*>(&comm);
     if (!dev_)
-      fail("the communicator's device is CUDA but it has no stream or workspace (make it with "
-           "tpnorm/cuda.h), or this build has no CUDA backend");
+      fail(kNoDeviceStream);
   }
 }
 
@@ -128,36 +110,36 @@ void PackedCall::prepare(size_t payload_values, double local_count, size_t scrat
 }
 
 void PackedCall::write_header(void* base, DType as) const {
-  store(base, as, 0, failed_ ? 1.0 : 0.0);
-  store(base, as, 1, failed_ ? 0.0 : local_count_);
+  store(base, as, ch::kErrorIndex, failed_ ? 1.0 : 0.0);
+  store(base, as, ch::kCountIndex, failed_ ? 0.0 : local_count_);
   if (!check_) return;
-  uint64_t h = fnv1a(0xcbf29ce484222325ULL, op_, std::strlen(op_));
+  uint64_t h = fnv1a(ch::kFnvOffset, op_, std::strlen(op_));
   const double wire_id = static_cast<double>(wire_);
   h = fnv1a(h, &wire_id, sizeof wire_id);
   for (const FieldValue& f : fields_) {
     h = fnv1a(h, f.name, std::strlen(f.name));
     h = fnv1a(h, &f.value, sizeof f.value);
   }
-  const int b = chunk_bits(wire_, comm_.size());
-  for (int i = 0; i < kChunks; ++i) {
-    const double c = static_cast<double>((h >> (16 * i)) & ((1ULL << b) - 1));
-    store(base, as, kHeaderBase + 2 * i, c);
-    store(base, as, kHeaderBase + 2 * i + 1, c * c);
+  const int b = ch::chunk_bits(wire_ == DType::F64 ? 53 : 24, comm_.size());
+  for (int i = 0; i < ch::kChunks; ++i) {
+    const double c = static_cast<double>((h >> (ch::kChunkStride * i)) & ((1ULL << b) - 1));
+    store(base, as, ch::chunk_index(i), c);
+    store(base, as, ch::chunk_index(i) + 1, c * c);
   }
 }
 
 void PackedCall::check_header(const void* base, DType as) {
-  bool bad = load(base, as, 0) != 0.0;
+  bool bad = load(base, as, ch::kErrorIndex) != 0.0;
   if (check_) {
     const double p = comm_.size();
-    for (int i = 0; i < kChunks; ++i) {
-      const double s1 = load(base, as, kHeaderBase + 2 * i);
-      const double s2 = load(base, as, kHeaderBase + 2 * i + 1);
+    for (int i = 0; i < ch::kChunks; ++i) {
+      const double s1 = load(base, as, ch::chunk_index(i));
+      const double s2 = load(base, as, ch::chunk_index(i) + 1);
       if (p * s2 != s1 * s1) bad = true;
     }
   }
   if (bad) diagnose();
-  global_count_ = load(base, as, 1);
+  global_count_ = load(base, as, ch::kCountIndex);
 }
 
 void PackedCall::reduce() {
@@ -166,7 +148,7 @@ void PackedCall::reduce() {
   if (bytes_.empty()) prepare(0, 0);
   void* base = bytes_.data();
   write_header(base, wire_);
-  char* pay = static_cast<char*>(base) + header_values_ * dtype_size(wire_);
+  char* pay = static_cast<char*>(payload_data());
   if (failed_) std::memset(pay, 0, payload_values_ * dtype_size(wire_));  // nothing half-made
   if (comm_.strict_now()) {
     comm_.all_reduce_sum(base, header_values_, wire_);

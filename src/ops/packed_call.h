@@ -1,13 +1,16 @@
 // packed_call.h — the reduce phase shared by every op: one packed buffer, one collective, and
 // the cross-rank agreement that makes a failure on one rank the same failure on all ranks.
 //
-// Buffer layout (wire type W: double for Stats::kRobust, float for Stats::kNaive):
+// Buffer layout (wire type W: double for Stats::kRobust, float for Stats::kNaive): the call
+// header of common/call_header.h, then the op's payload, e.g. per-row (sum x, sum x^2):
 //   [0]            number of ranks whose local validation failed (each adds 0 or 1)
 //   [1]            this rank's element count of every statistic set (summed: the global count)
 //   [2 .. 2+2K)    K = 4 fingerprint chunks c_i and c_i^2 (only with check_agreement): all ranks
 //                  sent the same chunk iff P * sum(c^2) == sum(c)^2, exact in W by choosing the
 //                  chunk width from P and W's mantissa
-//   [header ..)    the op's payload, e.g. per-row (sum x, sum x^2)
+//   [header ..)    the op's payload
+//
+// Ops do not drive a PackedCall by hand: run_op (ops/op_spec.h) does, for every op.
 //
 // On a failed or disagreeing call every rank makes one more collective (a table of every rank's
 // fingerprint fields and error text) and throws the same tpnorm::Error. In strict mode
@@ -23,21 +26,35 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "comm/device_comm.h"
-#include "tpnorm/communicator.h"
+#include "common/call_header.h"
 #include "ops/phase_timer.h"
+#include "tpnorm/communicator.h"
 #include "tpnorm/error.h"
 
 namespace tpnorm::detail {
 
 /// Counts travel in the wire type; float32 (Stats::kNaive) is exact only below 2^24.
-inline constexpr double kNaiveCountLimit = 16777216.0;
+inline constexpr double kNaiveCountLimit = call_header::kFloatCountLimit;
+
+/// 64-bit FNV-1a of n bytes, continuing from h (call_header::kFnvOffset to start).
+inline uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = call_header::fnv1a_byte(h, c[i]);
+  return h;
+}
 
 class PackedCall {
  public:
+  /// The failure of a call whose communicator says CUDA but has no stream or workspace.
+  static constexpr const char* kNoDeviceStream =
+      "the communicator's device is CUDA but it has no stream or workspace (make it with "
+      "tpnorm/cuda.h), or this build has no CUDA backend";
+
   /// [in] op: a string literal naming the public call, e.g. "layer_norm_forward".
   PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement);
   /// Closes the apply phase when a phase timer is on (the op's scope ends after its apply).
@@ -62,6 +79,10 @@ class PackedCall {
   template <class W>
   W* payload() {
     return reinterpret_cast<W*>(base()) + header_values_;
+  }
+  /// The payload as untyped memory: payload<W>() for the call's wire type W.
+  void* payload_data() {
+    return static_cast<char*>(base()) + header_values_ * dtype_size(wire_);
   }
   /// The start of header + payload (host, or device memory for a device communicator).
   void* base() { return dev_ ? dev_base_ : static_cast<void*>(bytes_.data()); }

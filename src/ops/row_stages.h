@@ -1,16 +1,14 @@
-// row_stages.h — the per-tensor stages of a row-norm call (validate, partial, apply), so that
-// ops which put several row tensors into ONE collective (batched.h) or add a residual in front
-// of the norm (fused.h) share them instead of copying the pipeline of row_norm.cpp.
-//
-// A stage works on one row tensor and a slice of the call's packed payload: the caller owns
-// the PackedCall, places each tensor's statistics at its own offset, makes the one reduce, and
-// passes each tensor's global element count n back to the apply stage.
+// row_stages.h — the math and the checks of one row tensor of a row norm (LayerNorm, RMSNorm):
+// validate, partial, apply. The row norm's spec (row_norm.cpp) runs them on one tensor, the
+// batched op (batched.cpp) on K tensors in one payload, the fused op (fused.cpp) on h after its
+// residual add. Each stage works on one tensor and its slice of the call's payload; run_op
+// (op_spec.h) owns the call, the one reduce and the global counts.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "ops/packed_call.h"
+#include "ops/op_spec.h"
 #include "ops/validate.h"
 #include "tpnorm/norm.h"
 #include "tpnorm/tensor.h"
@@ -20,47 +18,85 @@ namespace tpnorm::detail {
 struct RowGeometry {
   int64_t rows = 0, h = 0;  ///< leading dims flattened into rows; h = this rank's columns
 };
+/// {0, 0} for a shape the validator rejects (see shape_fits).
 RowGeometry row_geometry(const TensorView& x);
 
 /// Payload values per row: {sum x, sum x^2} / {sum g, sum g*xhat} centred, one value for RMS.
 inline int64_t row_stat_width(bool centered) { return centered ? 2 : 1; }
 
-/// One forward row tensor. mean is ignored when !centered; beta too.
-struct RowForwardArgs {
-  bool centered = true;
+/// One forward row tensor with its geometry, computed once. mean and beta are ignored when
+/// !centered (RMSNorm).
+struct RowForward {
+  RowForward(bool centered, const TensorView& x, const TensorView& gamma, const TensorView& beta,
+             const TensorView& y, const TensorView& mean, const TensorView& rstd)
+      : centered(centered),
+        x(x),
+        gamma(gamma),
+        beta(beta),
+        y(y),
+        mean(mean),
+        rstd(rstd),
+        g(row_geometry(x)) {}
+  bool centered;
   TensorView x, gamma, beta, y, mean, rstd;
+  RowGeometry g;
+  /// Payload values of this tensor's statistics (rows * row_stat_width).
+  size_t stat_values() const { return static_cast<size_t>(g.rows * row_stat_width(centered)); }
 };
-/// One backward row tensor. mean and dbeta are ignored when !centered.
-struct RowBackwardArgs {
-  bool centered = true;
+
+/// One backward row tensor; mean and dbeta are ignored when !centered.
+struct RowBackward {
+  RowBackward(bool centered, const TensorView& dy, const TensorView& x, const TensorView& gamma,
+              const TensorView& mean, const TensorView& rstd, const TensorView& dx,
+              const TensorView& dgamma, const TensorView& dbeta)
+      : centered(centered),
+        dy(dy),
+        x(x),
+        gamma(gamma),
+        mean(mean),
+        rstd(rstd),
+        dx(dx),
+        dgamma(dgamma),
+        dbeta(dbeta),
+        g(row_geometry(x)) {}
+  bool centered;
   TensorView dy, x, gamma, mean, rstd, dx, dgamma, dbeta;
+  RowGeometry g;
+  size_t stat_values() const { return static_cast<size_t>(g.rows * row_stat_width(centered)); }
 };
 
-/// Local checks (records the first failure on v and returns false). `prefix` names the tensor
-/// in messages, e.g. "items[2]." for a batched call, "" for a single one.
-bool validate_row_forward(Validator& v, const std::string& prefix, const RowForwardArgs& a);
-bool validate_row_backward(Validator& v, const std::string& prefix, const RowBackwardArgs& a);
+/// Local checks (the first failure is recorded on v). `prefix` names the tensor in messages,
+/// e.g. "items[2]." for a batched call, "" for a single one.
+void validate_row_forward(Validator& v, const std::string& prefix, const RowForward& a);
+void validate_row_backward(Validator& v, const std::string& prefix, const RowBackward& a);
 
-/// Writes rows * row_stat_width values of this rank's partial statistics at `stats` (wire type).
-void row_forward_partial(const RowForwardArgs& a, DType wire, void* stats, int threads);
+/// How the CPU kernels run: OpenMP threads (0: default), and `fused` at one rank, where the
+/// reduce is the identity: then no partial runs and the apply kernels compute each row's
+/// statistics themselves while the row is in cache (one pass over memory instead of two, the
+/// same bits; see kernels/cpu/row_norm.h).
+struct RowRun {
+  int threads = 0;
+  bool fused = false;
+};
+
+/// One row-norm call (row_norm.cpp): its tensor, options and kernel run; what the host and
+/// device hooks of its spec read.
+template <class Tensor>
+struct RowCall {
+  Tensor a;
+  const NormOptions& opt;
+  RowRun run;
+};
+using RowForwardCall = RowCall<RowForward>;
+using RowBackwardCall = RowCall<RowBackward>;
+
+/// Writes stat_values() values of this rank's partial statistics at `stats` (wire type).
+void row_forward_partial(const RowForward& a, DType wire, void* stats, RowRun run);
 /// Finishes y (and mean/rstd when present) from the summed statistics; n = global columns.
 /// stats is not const: the row kernels may use it as scratch (see kernels/cpu/row_norm.h).
-void row_forward_apply(const RowForwardArgs& a, DType wire, void* stats, double n, double eps,
-                       int threads);
-void row_backward_partial(const RowBackwardArgs& a, DType wire, void* stats, int threads);
-void row_backward_apply(const RowBackwardArgs& a, DType wire, void* stats, double n, int threads);
-
-/// These ops have CPU kernels only: a call on a device communicator fails on every rank
-/// (instead of handing device pointers to CPU kernels).
-bool host_only(Validator& v, const Device& device);
-
-/// The start of call's payload as untyped memory (payload<W>() for the call's wire type W).
-void* payload_of(PackedCall& call);
-
-/// The wire type of a statistics mode: float64 robust, float32 naive.
-inline DType wire_of(Stats s) { return s == Stats::kNaive ? DType::F32 : DType::F64; }
-/// The naive mode's float32 counts are exact below 2^24: throws (on every rank, since n is the
-/// reduced count) beyond that.
-void check_naive_count(Stats s, double n);
+void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, double eps,
+                       RowRun run);
+void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun run);
+void row_backward_apply(const RowBackward& a, DType wire, void* stats, double n, RowRun run);
 
 }  // namespace tpnorm::detail

@@ -1,6 +1,8 @@
 // validate.h — local argument checks shared by the ops. Each check records the first failure
 // on the PackedCall (which all ranks then agree on) instead of throwing, so that a bad argument
-// on one rank still lets that rank join the call's collective.
+// on one rank still lets that rank join the call's collective. Once a check has failed, every
+// later check is a no-op that returns false: an op's validation is a list of checks, one per
+// line, in the order of its messages, and a check never looks at a view an earlier one refused.
 #pragma once
 
 #include <cmath>
@@ -40,7 +42,11 @@ class Validator {
   Validator(PackedCall& call, Device device) : call_(call), device_(device) {}
 
   /// A present view on the call's device whose data is non-null unless it is empty.
+  /// True while no check of this call has failed.
+  bool ok() const { return !call_.failed(); }
+
   bool usable(const char* name, const TensorView& v) {
+    if (!ok()) return false;
     if (!v.present()) return fail(name, "is required but absent");
     if (v.device != device_) return fail(name, "lives on a device other than the communicator's");
     int64_t n = 0;
@@ -50,31 +56,59 @@ class Validator {
     if (n > 0 && !v.data) return fail(name, "is null but has " + std::to_string(n) + " elements");
     return true;
   }
-  bool dtype_in(const char* name, const TensorView& v, std::initializer_list<DType> ok) {
-    for (DType t : ok)
+  bool dtype_in(const char* name, const TensorView& v, std::initializer_list<DType> allowed) {
+    if (!ok()) return false;
+    for (DType t : allowed)
       if (v.dtype == t) return true;
     return fail(name, std::string("has unsupported dtype ") + dtype_name(v.dtype));
   }
   bool same_dtype(const char* name, const TensorView& v, DType t) {
+    if (!ok()) return false;
     return v.dtype == t || fail(name, std::string("has dtype ") + dtype_name(v.dtype) +
                                           ", expected " + dtype_name(t));
   }
   bool same_shape(const char* name, const TensorView& v, const Shape& s) {
+    if (!ok()) return false;
     return v.shape == s || fail(name, "has shape " + v.shape.str() + ", expected " + s.str());
   }
   bool numel_is(const char* name, const TensorView& v, int64_t n) {
+    if (!ok()) return false;
     return v.numel() == n || fail(name, "has " + std::to_string(v.numel()) + " elements (shape " +
                                             v.shape.str() + "), expected " + std::to_string(n));
   }
   /// An optional view: absent, or usable with `n` elements of dtype `t`.
   bool optional(const char* name, const TensorView& v, int64_t n, DType t) {
+    if (!ok()) return false;
     if (!v.present()) return true;
     return usable(name, v) && numel_is(name, v, n) && same_dtype(name, v, t);
   }
+  /// An optional view of saved statistics: absent, or `n` elements of float32 / float64 `t`.
+  bool optional_stats(const char* name, const TensorView& v, int64_t n, DType t) {
+    if (!optional(name, v, n, t)) return false;
+    return !v.present() || dtype_in(name, v, {DType::F32, DType::F64});
+  }
+  /// A required view of saved statistics: `n` elements of float32 / float64.
+  bool stats(const char* name, const TensorView& v, int64_t n) {
+    return usable(name, v) && numel_is(name, v, n) && dtype_in(name, v, {DType::F32, DType::F64});
+  }
+  /// A required view of `n` saved statistics in the dtype of `other` (mean next to rstd).
+  bool stats_like(const char* name, const TensorView& v, int64_t n, const TensorView& other) {
+    return usable(name, v) && numel_is(name, v, n) && same_dtype(name, v, other.dtype);
+  }
+  /// A required view of x's shape and dtype (an output or a gradient of x).
+  bool like(const char* name, const TensorView& v, const TensorView& x) {
+    return usable(name, v) && same_shape(name, v, x.shape) && same_dtype(name, v, x.dtype);
+  }
+  /// A storage dtype: the dtypes of x, y, gamma... (saved statistics are float32/float64).
+  bool storage(const char* name, const TensorView& v) {
+    return dtype_in(name, v, {DType::F32, DType::F16, DType::BF16});
+  }
   bool eps(double e) {
+    if (!ok()) return false;
     return (std::isfinite(e) && e > 0) ||
            fail("eps", "must be finite and > 0, got " + std::to_string(e));
   }
+  /// Records `what` about argument `name` unless an earlier check failed; returns false.
   bool fail(const char* name, const std::string& what) {
     call_.fail(std::string("argument '") + name + "' " + what);
     return false;

@@ -123,7 +123,7 @@ const Case kCases[] = {
 INSTANTIATE_TEST_SUITE_P(
     All, FusedEquivalence,
     ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Bool(),
-                       ::testing::Values(1.0, deepnorm_alpha(12, DeepNormStack::kDecoder)),
+                       ::testing::Values(1.0, deepnorm_alpha(DeepNormStack::kDecoderOnly, 0, 48)),
                        ::testing::Values(DType::F32, DType::BF16)),
     [](const auto& i) {
       return std::string(std::get<1>(i.param) ? "LayerNorm_" : "RMSNorm_") +

@@ -135,7 +135,7 @@ TEST(ShapeOverflow, FusedResidualNorm) {
         expect_fails(
             [&](Communicator& c, Bufs& b, bool absurd) {
               const Shape s = absurd ? bad : sane, r{8};
-              const double alpha = deepnorm_alpha(6, DeepNormStack::kEncoder);
+              const double alpha = deepnorm_alpha(DeepNormStack::kEncoderOnly, 6, 0);
               if (centered)
                 fused_add_layer_norm_forward(c, view(b.x.data(), s), view(b.f.data(), s), alpha,
                                              {}, {}, view(b.h.data(), s), view(b.y.data(), s),

@@ -227,8 +227,10 @@ PropertyCase draw_fused(std::mt19937_64& g, int P) {
   st.centered = pick(g, 2);
   st.dt = draw_dtype(g);
   st.saved = pick(g, 2) ? DType::F64 : DType::F32;
-  const DeepNormStack stack = pick(g, 2) ? DeepNormStack::kEncoder : DeepNormStack::kDecoder;
-  st.alpha = pick(g, 2) ? 1.0 : deepnorm_alpha(1 + pick(g, 48), stack);
+  const DeepNormStack stack =
+      pick(g, 2) ? DeepNormStack::kEncoderOnly : DeepNormStack::kDecoderOnly;
+  const int64_t layers = 1 + pick(g, 48);
+  st.alpha = pick(g, 2) ? 1.0 : deepnorm_alpha(stack, layers, layers);
   st.rows = 1 + pick(g, 8);
   const int64_t H = 1 + pick(g, 40);
   const std::vector<int> w = draw_weights(g, P);

@@ -21,12 +21,31 @@ namespace {
 
 std::vector<float> rounded(DType dt, const std::vector<float>& v) { return Buffer(dt, v).floats(); }
 
-TEST(Fused, DeepNormAlpha) {
-  EXPECT_NEAR(deepnorm_alpha(1, DeepNormStack::kEncoder), std::pow(2.0, 0.25), 1e-15);
-  EXPECT_NEAR(deepnorm_alpha(1, DeepNormStack::kDecoder), std::pow(8.0, 0.25), 1e-15);
-  EXPECT_NEAR(deepnorm_alpha(100, DeepNormStack::kEncoder), 3.760603093086394, 1e-12);  // 200^.25
-  EXPECT_NEAR(deepnorm_alpha(18, DeepNormStack::kDecoder), std::sqrt(12.0), 1e-12);     // 144^.25
-  EXPECT_THROW(deepnorm_alpha(0, DeepNormStack::kEncoder), Error);
+// DeepNet's presets (Wang et al. 2022, table 1), with layer counts chosen so that the values
+// are exact by hand: N encoder layers, M decoder layers.
+TEST(Fused, DeepNormPresets) {
+  using S = DeepNormStack;
+  EXPECT_NEAR(deepnorm_alpha(S::kEncoderOnly, 8, 0), 2.0, 1e-15);                 // (2*8)^(1/4)
+  EXPECT_NEAR(deepnorm_alpha(S::kEncoderOnly, 100, 0), 3.760603093086394, 1e-12);  // 200^(1/4)
+  EXPECT_NEAR(deepnorm_alpha(S::kDecoderOnly, 0, 8), 2.0, 1e-15);                 // (2*8)^(1/4)
+  EXPECT_NEAR(deepnorm_alpha(S::kDecoderOnly, 0, 18), 2.449489742783178, 1e-12);  // 36^(1/4)
+  // 0.81 (N^4 M)^(1/16) with N = 2, M = 16: 0.81 * 256^(1/16) = 0.81 * sqrt(2)
+  EXPECT_NEAR(deepnorm_alpha(S::kEncoderOfEncoderDecoder, 2, 16), 1.1455129855222068, 1e-12);
+  EXPECT_NEAR(deepnorm_alpha(S::kDecoderOfEncoderDecoder, 2, 27), 3.0, 1e-15);  // (3*27)^(1/4)
+
+  EXPECT_NEAR(deepnorm_beta(S::kEncoderOnly, 2, 0), 0.5, 1e-15);   // (8*2)^(-1/4)
+  EXPECT_NEAR(deepnorm_beta(S::kDecoderOnly, 0, 32), 0.25, 1e-15); // (8*32)^(-1/4)
+  // 0.87 (N^4 M)^(-1/16) with N = 2, M = 16: 0.87 / sqrt(2)
+  EXPECT_NEAR(deepnorm_beta(S::kEncoderOfEncoderDecoder, 2, 16), 0.6151828996322963, 1e-12);
+  EXPECT_NEAR(deepnorm_beta(S::kDecoderOfEncoderDecoder, 2, 108), 1.0 / 6.0, 1e-15);  // 1296^(-1/4)
+
+  // The count a preset does not use is ignored; the ones it uses must be >= 1.
+  EXPECT_EQ(deepnorm_alpha(S::kEncoderOnly, 8, 0), deepnorm_alpha(S::kEncoderOnly, 8, 99));
+  EXPECT_THROW(deepnorm_alpha(S::kEncoderOnly, 0, 8), Error);
+  EXPECT_THROW(deepnorm_alpha(S::kDecoderOnly, 8, 0), Error);
+  EXPECT_THROW(deepnorm_beta(S::kEncoderOfEncoderDecoder, 6, 0), Error);
+  EXPECT_THROW(deepnorm_beta(S::kDecoderOfEncoderDecoder, 6, 0), Error);
+  EXPECT_THROW(deepnorm_alpha(static_cast<S>(7), 6, 6), Error);
 }
 
 using Param = std::tuple<bool, int, int, double, bool, DType>;
@@ -88,7 +107,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedVsReference,
 TEST(Fused, FiniteDifferenceGradients) {
   for (bool centered : {true, false}) {
     const int64_t rows = 3, h = 6;
-    const double alpha = deepnorm_alpha(4, DeepNormStack::kEncoder);
+    const double alpha = deepnorm_alpha(DeepNormStack::kEncoderOnly, 4, 0);
     auto x = normal(13, 0, rows * h, 0.4, 1.0);
     auto f = normal(13, 1, rows * h, 0.0, 0.8);
     const auto gamma = normal(13, 2, h, 1.0, 0.3);

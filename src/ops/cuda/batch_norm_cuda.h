@@ -1,30 +1,25 @@
-// batch_norm_cuda.h — the device path of SyncBatchNorm (ops/batch_norm.cpp validates, then
-// hands a call on a CUDA communicator here): training = partial kernels -> the ONE collective
-// (PackedCall::reduce) -> per-channel constants, saved and running statistics -> apply; eval
-// with running statistics makes no collective. Everything on the communicator's stream.
+// batch_norm_cuda.h — the device hooks of the SyncBatchNorm specs (ops/batch_norm.cpp):
+// training = partial kernels -> (run_op's ONE collective, PackedCall::reduce) -> per-channel
+// constants, saved and running statistics -> apply; eval with running statistics makes no
+// collective. Everything on the communicator's stream.
 #pragma once
 
-#include "kernels/cpu/batch_norm.h"
+#include <cstddef>
+
+#include "ops/batch_norm_stages.h"
 #include "ops/packed_call.h"
-#include "tpnorm/batch_norm.h"
 
 namespace tpnorm::detail {
 
-/// `call` is on `comm` when batch_stats (training, or eval without running statistics), else a
-/// local host call that only holds this rank's validation. `a` is the op's geometry.
-void sync_batch_norm_forward_cuda(Communicator& comm, PackedCall& call,
-                                  const kernels::cpu::BatchNormArgs& a, bool batch_stats,
-                                  bool tracking, const TensorView& x, const TensorView& gamma,
-                                  const TensorView& beta, const TensorView& running_mean,
-                                  const TensorView& running_var, int64_t* num_batches_tracked,
-                                  const TensorView& y, const TensorView& save_mean,
-                                  const TensorView& save_invstd, const BatchNormOptions& opt);
+/// Device scratch bytes of one call of geometry `a`.
+size_t bn_scratch_cuda(const kernels::cpu::BatchNormArgs& a);
 
-void sync_batch_norm_backward_cuda(Communicator& comm, PackedCall& call,
-                                   const kernels::cpu::BatchNormArgs& a, const TensorView& dy,
-                                   const TensorView& x, const TensorView& gamma,
-                                   const TensorView& save_mean, const TensorView& save_invstd,
-                                   const TensorView& dx, const TensorView& dgamma,
-                                   const TensorView& dbeta, const BatchNormOptions& opt);
+/// `call` is on the communicator when the call is collective (f.batch_stats, b.opt.training),
+/// else a local host call that only holds this rank's validation; the scratch is then the
+/// communicator's workspace instead of call.scratch().
+void bn_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const BnForward& f);
+void bn_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnForward& f);
+void bn_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const BnBackward& b);
+void bn_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnBackward& b);
 
 }  // namespace tpnorm::detail

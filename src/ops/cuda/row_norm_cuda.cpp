@@ -3,81 +3,91 @@
 // header (error flag, count, fingerprint) is checked on device by the apply kernels.
 #include "ops/cuda/row_norm_cuda.h"
 
+#include <type_traits>
+
 #include "common/dispatch.h"
 #include "kernels/cuda/row_norm.h"
 #include "ops/cuda/device_call.h"
 
 namespace tpnorm::detail {
 namespace {
-namespace kcu = kernels::cuda;
-}  // namespace
 
-void row_forward_cuda(PackedCall& call, bool centered, int64_t rows, int64_t h,
-                      const TensorView& x, const TensorView& gamma, const TensorView& beta,
-                      const TensorView& y, const TensorView& mean, const TensorView& rstd,
-                      const NormOptions& opt) {
-  DeviceCommunicator& comm = *call.device_comm();
-  std::optional<DeviceGuard> guard;
-  enter_device(call, comm, guard);
-  const int per_row = centered ? 2 : 1;
-  prepare_device(call, comm, comm, static_cast<size_t>(rows > 0 ? rows * per_row : 0),
-                 static_cast<double>(h), 0);
-  const DType sdt = rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);
-  const kcu::RowArgs a{rows, h, centered, sdt == DType::F64, comm.stream()};
-  if (!call.failed()) {
-    before_collective(call, [&] {
-      dispatch_storage(x.dtype, [&](auto t) {
-        using T = decltype(t);
-        kcu::row_partial_forward<T>(a, static_cast<const T*>(x.data),
-                                    opt.stats == Stats::kRobust, call.wire() == DType::F64,
-                                    device_payload(call));
-      });
-    });
-  }
-  call.reduce();
-  dispatch_storage(x.dtype, [&](auto t) {
+namespace kcu = kernels::cuda;
+
+kcu::RowArgs forward_args(const RowForward& a, const DeviceCommunicator& dev) {
+  return {a.g.rows, a.g.h, a.centered, saved_dtype(a.mean, a.rstd) == DType::F64, dev.stream()};
+}
+
+// The backward's inputs, typed: what its partial and apply kernels both read.
+template <class T>
+struct BackwardIn {
+  const T* dy;
+  const T* x;
+  const T* gamma;
+  const void* mean;  // null for RMSNorm
+  const void* rstd;
+};
+
+// fn(RowArgs, BackwardIn<T>) with T the storage type of the call.
+template <class Fn>
+void backward_kernel(DeviceCommunicator& dev, const RowBackward& a, Fn&& fn) {
+  DeviceGuard guard(dev.device_index());
+  const kcu::RowArgs k{a.g.rows, a.g.h, a.centered, a.rstd.dtype == DType::F64, dev.stream()};
+  dispatch_storage(a.x.dtype, [&](auto t) {
     using T = decltype(t);
-    kcu::row_apply_forward<T>(a, static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
-                              static_cast<const T*>(beta.data), device_header(call, comm),
-                              opt.eps, static_cast<T*>(y.data), centered ? mean.data : nullptr,
-                              rstd.data, comm.error_word());
+    fn(k, BackwardIn<T>{static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
+                        static_cast<const T*>(a.gamma.data), a.centered ? a.mean.data : nullptr,
+                        a.rstd.data});
   });
 }
 
-void row_backward_cuda(PackedCall& call, bool centered, int64_t rows, int64_t h,
-                       const TensorView& dy, const TensorView& x, const TensorView& gamma,
-                       const TensorView& mean, const TensorView& rstd, const TensorView& dx,
-                       const TensorView& dgamma, const TensorView& dbeta) {
-  DeviceCommunicator& comm = *call.device_comm();
-  std::optional<DeviceGuard> guard;
-  enter_device(call, comm, guard);
-  const int per_row = centered ? 2 : 1;
-  const bool params = dgamma.present() || (centered && dbeta.present());
-  prepare_device(call, comm, comm, static_cast<size_t>(rows > 0 ? rows * per_row : 0),
-                 static_cast<double>(h),
-                 call.failed() ? 0 : kcu::row_norm_scratch_bytes(rows, h, params));
-  const kcu::RowArgs a{rows, h, centered, rstd.dtype == DType::F64, comm.stream()};
-  const void* m = centered ? mean.data : nullptr;
-  if (!call.failed()) {
-    before_collective(call, [&] {
-      dispatch_storage(x.dtype, [&](auto t) {
-        using T = decltype(t);
-        kcu::row_partial_backward<T>(a, static_cast<const T*>(dy.data),
-                                     static_cast<const T*>(x.data),
-                                     static_cast<const T*>(gamma.data), m, rstd.data,
-                                     call.wire() == DType::F64, device_payload(call));
-      });
-    });
-  }
-  call.reduce();
-  dispatch_storage(x.dtype, [&](auto t) {
+}  // namespace
+
+void row_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
+  DeviceGuard guard(dev.device_index());
+  const RowForward& a = c.a;
+  dispatch_storage(a.x.dtype, [&](auto t) {
     using T = decltype(t);
-    kcu::row_apply_backward<T>(a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
-                               static_cast<const T*>(gamma.data), m, rstd.data,
-                               device_header(call, comm), static_cast<T*>(dx.data),
-                               static_cast<T*>(dgamma.data),
-                               centered ? static_cast<T*>(dbeta.data) : nullptr, call.scratch(),
-                               comm.error_word());
+    kcu::row_partial_forward<T>(forward_args(a, dev), static_cast<const T*>(a.x.data),
+                                c.opt.stats == Stats::kRobust, call.wire() == DType::F64,
+                                call.payload_data());
+  });
+}
+
+void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
+  DeviceGuard guard(dev.device_index());
+  const RowForward& a = c.a;
+  dispatch_storage(a.x.dtype, [&](auto t) {
+    using T = decltype(t);
+    kcu::row_apply_forward<T>(forward_args(a, dev), static_cast<const T*>(a.x.data),
+                              static_cast<const T*>(a.gamma.data),
+                              static_cast<const T*>(a.beta.data), device_header(call, dev),
+                              c.opt.eps, static_cast<T*>(a.y.data),
+                              a.centered ? a.mean.data : nullptr, a.rstd.data, dev.error_word());
+  });
+}
+
+size_t row_backward_scratch_cuda(const RowBackwardCall& c) {
+  const bool params = c.a.dgamma.present() || (c.a.centered && c.a.dbeta.present());
+  return kcu::row_norm_scratch_bytes(c.a.g.rows, c.a.g.h, params);
+}
+
+void row_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
+                               const RowBackwardCall& c) {
+  backward_kernel(dev, c.a, [&](const kcu::RowArgs& k, auto in) {
+    kcu::row_partial_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, call.wire() == DType::F64,
+                              call.payload_data());
+  });
+}
+
+void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c) {
+  const RowBackward& a = c.a;
+  backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(in.x)>>;
+    kcu::row_apply_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, device_header(call, dev),
+                            static_cast<T*>(a.dx.data), static_cast<T*>(a.dgamma.data),
+                            a.centered ? static_cast<T*>(a.dbeta.data) : nullptr, call.scratch(),
+                            dev.error_word());
   });
 }
 

@@ -1,21 +1,21 @@
-// row_norm_cuda.h — the device path of the LayerNorm / RMSNorm pipelines (ops/row_norm.cpp
-// validates, then hands a call on a device communicator here): partial kernel -> the ONE
-// collective (PackedCall::reduce) -> apply kernels, all on the communicator's stream.
+// row_norm_cuda.h — the device hooks of the LayerNorm / RMSNorm specs (ops/row_norm.cpp):
+// partial kernel -> (run_op's ONE collective, PackedCall::reduce) -> apply kernels, all on the
+// communicator's stream.
 #pragma once
 
+#include <cstddef>
+
 #include "ops/packed_call.h"
-#include "tpnorm/norm.h"
+#include "ops/row_stages.h"
 
 namespace tpnorm::detail {
 
-void row_forward_cuda(PackedCall& call, bool centered, int64_t rows, int64_t h,
-                      const TensorView& x, const TensorView& gamma, const TensorView& beta,
-                      const TensorView& y, const TensorView& mean, const TensorView& rstd,
-                      const NormOptions& opt);
+void row_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c);
+void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c);
 
-void row_backward_cuda(PackedCall& call, bool centered, int64_t rows, int64_t h,
-                       const TensorView& dy, const TensorView& x, const TensorView& gamma,
-                       const TensorView& mean, const TensorView& rstd, const TensorView& dx,
-                       const TensorView& dgamma, const TensorView& dbeta);
+/// Device scratch bytes of the backward apply (dgamma / dbeta partials).
+size_t row_backward_scratch_cuda(const RowBackwardCall& c);
+void row_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c);
+void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c);
 
 }  // namespace tpnorm::detail

@@ -1,0 +1,136 @@
+// op_spec.h — the one op skeleton. Every public call of tpnorm is a small spec (an OpSpec)
+// that run_op() drives through the same three phases on every backend:
+//
+//   validate + agree   local checks, recorded on the call instead of thrown; the fields every
+//                      rank must agree on (the fingerprint of the call header)
+//   partial            this rank's statistics into the payload of the ONE collective
+//   reduce             PackedCall::reduce: header + payload, one all-reduce; a failed or
+//                      disagreeing call throws the same tpnorm::Error on every rank here
+//   apply              outputs from the summed statistics (nothing is written before)
+//
+// A spec holds its arguments and geometry (computed once, in its constructor) and fills the
+// hooks below; the shape follows nccl-tests' `struct testColl`. On a host communicator the
+// host hooks run the CPU kernels; on a device communicator (comm/device_comm.h) the device
+// hooks run the CUDA kernels on the communicator's stream, and a spec without them fails on
+// every rank. Adding an op = one OpSpec subclass + its kernels (see ARCHITECTURE.md).
+//
+// The runner's cut is the split-phase cut: start = validate, agree, prepare, partial and the
+// collective; finish = wait and apply. A statistics mode is a wire dtype (wire_of): a new mode
+// adds a case there and in the kernels' dispatch, not a new runner.
+#pragma once
+
+#include <cstddef>
+
+#include "ops/packed_call.h"
+#include "ops/validate.h"
+#include "tpnorm/communicator.h"
+#include "tpnorm/norm.h"
+
+namespace tpnorm::detail {
+
+/// The wire type of a statistics mode: float64 robust, float32 naive.
+inline DType wire_of(Stats s) {
+  switch (s) {
+    case Stats::kNaive:
+      return DType::F32;
+    default:
+      return DType::F64;
+  }
+}
+
+/// Float32 wire counts are exact below 2^24 only: throws (on every rank together when n is a
+/// reduced count) beyond that. `per` names the statistic set, e.g. "row", "channel".
+void check_naive_count(Stats s, double n, const char* op, const char* per);
+
+/// The dtype of saved statistics: rstd's, else mean's, else float32 (nothing saved).
+inline DType saved_dtype(const TensorView& mean, const TensorView& rstd) {
+  return rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);
+}
+
+/// What one call sends: the same `values` on every rank that agrees (failed or not).
+struct PayloadSize {
+  size_t values = 0;          ///< payload values of the wire type after the call header
+  double local_count = 0;     ///< this rank's element count per statistic set (header [1])
+  size_t device_scratch = 0;  ///< device calls: scratch bytes after the payload (call.scratch())
+};
+
+class OpSpec {
+ public:
+  /// [in] name: a string literal naming the public call, e.g. "layer_norm_forward".
+  OpSpec(const char* name, Stats stats, bool check_agreement)
+      : name_(name), stats_(stats), check_agreement_(check_agreement) {}
+  virtual ~OpSpec() = default;
+  OpSpec(const OpSpec&) = delete;
+  OpSpec& operator=(const OpSpec&) = delete;
+
+  const char* name() const { return name_; }
+  Stats stats() const { return stats_; }
+  bool check_agreement() const { return check_agreement_; }
+  /// False for a call that needs no statistics of other ranks (SyncBatchNorm in eval with
+  /// running statistics): run_op then validates on a single-process call, makes no collective
+  /// and the communicator's call sequence only counts collectives.
+  virtual bool collective() const { return true; }
+
+  /// Local checks, one per line (see Validator: after the first failure the rest are no-ops).
+  virtual void validate(Validator& v) const = 0;
+  /// The fields every rank must agree on (PackedCall::agree), in a fixed order.
+  virtual void agree(PackedCall& call) const = 0;
+  /// The payload of this rank (device_scratch is used only when the device hooks run).
+  virtual PayloadSize payload() const = 0;
+
+  /// Host (CPU kernel) hooks. partial runs only when this rank's validation passed; it writes
+  /// the payload (call.payload_data(), zeroed). apply runs after a successful reduce (or, for a
+  /// non-collective call, on this rank's own checks) and may throw the same error on every rank
+  /// from reduced values (e.g. check_naive_count on call.global_count()).
+  virtual void partial(PackedCall& call) = 0;
+  virtual void apply(PackedCall& call) = 0;
+
+  /// Device hooks, on `dev`'s stream; the device call checks the summed header on device.
+  virtual bool has_device_kernels() const { return false; }
+  virtual void partial_device(PackedCall&, DeviceCommunicator&) {}
+  virtual void apply_device(PackedCall&, DeviceCommunicator&) {}
+
+ private:
+  const char* name_;
+  Stats stats_;
+  bool check_agreement_;
+};
+
+/// The device hooks of a spec whose state is `Args`: two functions of ops/cuda, or none.
+template <class Args>
+struct DeviceHooks {
+  void (*partial)(PackedCall&, DeviceCommunicator&, const Args&) = nullptr;
+  void (*apply)(PackedCall&, DeviceCommunicator&, const Args&) = nullptr;
+};
+
+/// An OpSpec whose state is one `Args` (the call's views, options and geometry), with the
+/// device hooks as functions of it: a spec derives from SpecOf<Args> and fills the host hooks.
+template <class Args>
+class SpecOf : public OpSpec {
+ public:
+  /// [in] opt: the call's options (NormOptions, BatchNormOptions: stats, check_agreement).
+  template <class Options>
+  SpecOf(const char* name, const Options& opt, const Args& args, DeviceHooks<Args> device = {})
+      : OpSpec(name, opt.stats, opt.check_agreement), args_(args), device_(device) {}
+
+  bool has_device_kernels() const final { return device_.partial && device_.apply; }
+  void partial_device(PackedCall& call, DeviceCommunicator& dev) final {
+    device_.partial(call, dev, args_);
+  }
+  void apply_device(PackedCall& call, DeviceCommunicator& dev) final {
+    device_.apply(call, dev, args_);
+  }
+
+ protected:
+  Args args_;
+
+ private:
+  DeviceHooks<Args> device_;
+};
+
+/// Runs `op` on `comm`: validate -> agree -> partial -> ONE reduce -> apply. Throws
+/// tpnorm::Error, the same on every rank, when any rank's call is invalid or they disagree;
+/// outputs are then untouched.
+void run_op(Communicator& comm, OpSpec& op);
+
+}  // namespace tpnorm::detail
