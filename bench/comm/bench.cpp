@@ -1,27 +1,27 @@
 // bench.cpp — the benchmark harness (what `./launch/tpnorm bench` runs once per world size).
 //
-// Owns main, flags, timing, checking and the report; the ops fill the table in bench_op.h.
-// Per op, on every rank: warm up (the first calls run the strict pre-check collective, see
+// Owns main, the op mode and the projection; the strategy mode is run_strategies.cpp. Op mode,
+// per op, on every rank: warm up (the first calls run the strict pre-check collective, see
 // Communicator::set_strict_calls), turn strict calls off, count one forward's and one
 // backward's collectives and bytes, check the outputs against a float64 reference, then time
 // forward + backward per iteration, split into phases by a communicator that wraps the real one
-// and stamps each collective's entry and exit (timed_communicator.h). Each
-// iteration's times are the slowest rank's; the row reports the median with min and max of the
-// whole call. The bare all-reduce of the same payloads runs in the same job, and a fit of the
-// alpha-beta model to bare all-reduces of several sizes gives the model column and projection.
+// and stamps each collective's entry and exit (timed_communicator.h). Each iteration's times
+// are the slowest rank's; the row reports the median with min and max of the whole call. The
+// bare all-reduce of the same payloads runs in the same job, and a fit of the cost model to
+// bare all-reduces of several sizes gives the model column and the projection.
 #include <mpi.h>
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <iterator>
 #include <string>
 #include <vector>
 
-#include "bench_op.h"
-#include "cost_model.h"
+#include "bench_flags.h"
+#include "bench_io.h"
+#include "launch_check.h"
+#include "projection.h"
+#include "run_strategies.h"
 #include "timed_communicator.h"
 #include "tpnorm/mpi.h"
 
@@ -29,108 +29,6 @@ using namespace tpnorm;
 using namespace tpnorm_bench;
 
 namespace {
-
-struct Flags {
-  BenchConfig cfg;
-  std::string op = "all", csv, json, proj;
-  int iters = 20, warmup = 5;
-  bool header = false, project = false, check = true;
-};
-
-[[noreturn]] void usage_error(const std::string& what) {
-  std::fprintf(stderr, "tpnorm_bench: %s\n", what.c_str());
-  MPI_Abort(MPI_COMM_WORLD, 2);
-  std::exit(2);
-}
-
-Flags parse(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error("missing value after " + k);
-      return argv[++i];
-    };
-    if (k == "--op") f.op = val();
-    else if (k == "--rows") f.cfg.rows = std::atoll(val().c_str());
-    else if (k == "--hidden") f.cfg.hidden = std::atoll(val().c_str());
-    else if (k == "--shape") {
-      f.cfg.shape.clear();
-      const std::string s = val();
-      for (size_t p = 0; p < s.size();) {
-        const size_t q = s.find(',', p);
-        f.cfg.shape.push_back(std::atoll(s.substr(p, q - p).c_str()));
-        p = q == std::string::npos ? s.size() : q + 1;
-      }
-    } else if (k == "--dtype") {
-      const std::string d = val();
-      if (d == "fp32") f.cfg.dtype = DType::F32;
-      else if (d == "fp16") f.cfg.dtype = DType::F16;
-      else if (d == "bf16") f.cfg.dtype = DType::BF16;
-      else usage_error("--dtype must be fp32, fp16 or bf16");
-    } else if (k == "--stats") {
-      const std::string s = val();
-      if (s != "robust" && s != "naive") usage_error("--stats must be robust or naive");
-      f.cfg.stats = s == "naive" ? Stats::kNaive : Stats::kRobust;
-    } else if (k == "-n") f.iters = std::max(1, std::atoi(val().c_str()));
-    else if (k == "-w") f.warmup = std::max(0, std::atoi(val().c_str()));
-    else if (k == "--csv") f.csv = val();
-    else if (k == "--json") f.json = val();
-    else if (k == "--proj") f.proj = val();
-    else if (k == "--header") f.header = true;
-    else if (k == "--project") f.project = true;
-    else if (k == "--no-check") f.check = false;
-    else usage_error("unknown flag " + k);
-  }
-  if (f.cfg.rows < 1 || f.cfg.hidden < 1) usage_error("--rows and --hidden must be >= 1");
-  if (f.cfg.shape.size() < 2 || f.cfg.shape.size() > 8 || f.cfg.shape[1] < 1)
-    usage_error("--shape must be N,C[,spatial...] with C >= 1 and at most 8 dims");
-  return f;
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Per-iteration values, each the slowest rank's; median/min/max over iterations.
-struct Series {
-  std::vector<double> v;
-  double at(double q) const {
-    std::vector<double> s = v;
-    std::sort(s.begin(), s.end());
-    return s[static_cast<size_t>(q * (s.size() - 1) + 0.5)];
-  }
-};
-
-// Median over `iters` of the slowest rank's time of two bare all-reduces (forward's and
-// backward's payload) in the wire dtype.
-double bare_allreduce_s(Communicator& c, size_t fwd_values, size_t bwd_values, DType wire,
-                        int iters) {
-  std::vector<double> buf(std::max(fwd_values, bwd_values) + 1, 0.0);
-  Series s;
-  for (int i = 0; i < iters; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t = now_s();
-    c.all_reduce_sum(buf.data(), fwd_values, wire);
-    c.all_reduce_sum(buf.data(), bwd_values, wire);
-    t = now_s() - t;
-    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    s.v.push_back(t);
-  }
-  return s.at(0.5);
-}
-
-LinkModel fit_here(Communicator& c, int iters) {
-  std::vector<std::pair<double, double>> samples;
-  for (size_t bytes = 64; bytes <= (1u << 20); bytes *= 4) {
-    const size_t n = bytes / sizeof(double);
-    // Both halves of bare_allreduce_s carry n values: half its time is one all-reduce.
-    samples.push_back({static_cast<double>(bytes),
-                       0.5 * bare_allreduce_s(c, n, n, DType::F64, iters)});
-  }
-  return fit_link_model(c.size(), samples);
-}
 
 struct Row {
   std::string op, shape;
@@ -141,7 +39,7 @@ struct Row {
   bool bytes_ok = true;
 };
 
-Row run_op(const BenchOp& op, const Flags& f, Communicator& world, const LinkModel& fitted) {
+Row run_op(const BenchOp& op, const Flags& f, Communicator& world, const Fits& fits) {
   const int rank = world.rank(), P = world.size();
   Row row;
   row.op = op.name;
@@ -199,9 +97,9 @@ Row run_op(const BenchOp& op, const Flags& f, Communicator& world, const LinkMod
     row.total.v.push_back(t[3]);
   }
   if (rank == 0) std::fprintf(stderr, "\r%60s\r", "");
-  row.bare = bare_allreduce_s(world, row.fwd_bytes / w, row.bwd_bytes / w, wire, f.iters);
-  row.model = ring_allreduce_seconds(fitted, P, row.fwd_bytes) +
-              ring_allreduce_seconds(fitted, P, row.bwd_bytes);
+  row.bare = bare_allreduce_s(world, {row.fwd_bytes / w, row.bwd_bytes / w}, wire, f.iters);
+  row.model = ring_allreduce_seconds(fits.ar(), P, row.fwd_bytes) +
+              ring_allreduce_seconds(fits.ar(), P, row.bwd_bytes);
   return row;
 }
 
@@ -209,78 +107,34 @@ const char* dtype_flag(DType t) {
   return t == DType::F16 ? "fp16" : t == DType::BF16 ? "bf16" : "fp32";
 }
 
-// The row's fields in CSV / JSON order; the table on stdout shows the same values.
-struct Field {
-  const char* name;
-  std::string value;
-  bool text;  // quoted in JSON
-};
-
+// The row's fields in CSV / JSON order, with their table widths and headings.
 std::vector<Field> fields(const Row& r, const Flags& f, int P) {
-  auto num = [](double v, const char* fmt) {
-    char b[48];
-    std::snprintf(b, sizeof b, fmt, v);
-    return std::string(b);
-  };
   const double us = 1e6, reduce = r.reduce.at(0.5);
   const double algbw = reduce > 0 ? (r.fwd_bytes + r.bwd_bytes) / reduce / 1e9 : 0;
   const double busbw = algbw * (P > 1 ? 2.0 * (P - 1) / P : 0);
-  return {{"world", std::to_string(P), false},
-          {"op", r.op, true},
-          {"local_shape", r.shape, true},
-          {"dtype", dtype_flag(f.cfg.dtype), true},
-          {"stats", f.cfg.stats == Stats::kNaive ? "naive" : "robust", true},
-          {"fwd_bytes", std::to_string(r.fwd_bytes), false},
-          {"bwd_bytes", std::to_string(r.bwd_bytes), false},
-          {"header_bytes", std::to_string(r.hdr_bytes), false},
-          {"collectives", std::to_string(r.calls), false},
-          {"partial_us", num(r.partial.at(0.5) * us, "%.1f"), false},
-          {"reduce_us", num(reduce * us, "%.1f"), false},
-          {"apply_us", num(r.apply.at(0.5) * us, "%.1f"), false},
-          {"total_us", num(r.total.at(0.5) * us, "%.1f"), false},
-          {"total_min_us", num(r.total.at(0) * us, "%.1f"), false},
-          {"total_max_us", num(r.total.at(1) * us, "%.1f"), false},
-          {"bare_allreduce_us", num(r.bare * us, "%.1f"), false},
-          {"model_us", num(r.model * us, "%.1f"), false},
-          {"algbw_GBs", num(algbw, "%.3g"), false},
-          {"busbw_GBs", num(busbw, "%.3g"), false},
-          {"wrong", std::to_string(r.wrong), false}};
+  return {{"world", std::to_string(P), false, 5, "world"},
+          {"op", r.op, true, -10, "op"},
+          {"local_shape", r.shape, true, -11, "local"},
+          {"dtype", dtype_flag(f.cfg.dtype), true, 5, "dtype"},
+          {"stats", f.cfg.stats == Stats::kNaive ? "naive" : "robust", true, 6, "stats"},
+          {"fwd_bytes", std::to_string(r.fwd_bytes), false, 9, "fwd_B"},
+          {"bwd_bytes", std::to_string(r.bwd_bytes), false, 9, "bwd_B"},
+          {"header_bytes", std::to_string(r.hdr_bytes), false, 6, "hdr_B"},
+          {"collectives", std::to_string(r.calls), false, 5, "colls"},
+          {"partial_us", fmt(r.partial.at(0.5) * us, "%.1f"), false, 9, "partial"},
+          {"reduce_us", fmt(reduce * us, "%.1f"), false, 9, "reduce"},
+          {"apply_us", fmt(r.apply.at(0.5) * us, "%.1f"), false, 9, "apply"},
+          {"total_us", fmt(r.total.at(0.5) * us, "%.1f"), false, 9, "total"},
+          {"total_min_us", fmt(r.total.at(0) * us, "%.1f"), false, 9, "min"},
+          {"total_max_us", fmt(r.total.at(1) * us, "%.1f"), false, 9, "max"},
+          {"bare_allreduce_us", fmt(r.bare * us, "%.1f"), false, 9, "bare"},
+          {"model_us", fmt(r.model * us, "%.1f"), false, 9, "model"},
+          {"algbw_GBs", fmt(algbw, "%.3g"), false, 9, "algbw"},
+          {"busbw_GBs", fmt(busbw, "%.3g"), false, 9, "busbw"},
+          {"wrong", std::to_string(r.wrong), false, 6, "#wrong"}};
 }
 
-// Table widths, in the order of fields(); the header line in print_header uses the same.
-constexpr int kWidth[] = {5, -10, -11, 5, 6, 9, 9, 6, 5, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 6};
-
-FILE* open_append(const std::string& path) {
-  FILE* out = std::fopen(path.c_str(), "a");
-  if (!out) usage_error("cannot write " + path);
-  return out;
-}
-
-void report(const Row& r, const Flags& f, int P) {
-  const std::vector<Field> row = fields(r, f, P);
-  for (size_t i = 0; i < row.size(); ++i)
-    std::printf("%s%*s", i ? " " : "", kWidth[i], row[i].value.c_str());
-  std::printf("\n");
-  if (!f.csv.empty()) {
-    FILE* out = open_append(f.csv);
-    if (std::ftell(out) == 0)
-      for (size_t i = 0; i < row.size(); ++i)
-        std::fprintf(out, "%s%s", row[i].name, i + 1 < row.size() ? "," : "\n");
-    for (size_t i = 0; i < row.size(); ++i)
-      std::fprintf(out, "%s%s", row[i].value.c_str(), i + 1 < row.size() ? "," : "\n");
-    std::fclose(out);
-  }
-  if (!f.json.empty()) {  // one object per line; the launcher wraps the lines in a list
-    FILE* out = open_append(f.json);
-    for (size_t i = 0; i < row.size(); ++i)
-      std::fprintf(out, "%s\"%s\": %s%s%s%s", i ? ", " : "{", row[i].name,
-                   row[i].text ? "\"" : "", row[i].value.c_str(), row[i].text ? "\"" : "",
-                   i + 1 < row.size() ? "" : "}\n");
-    std::fclose(out);
-  }
-}
-
-void print_header(const Flags& f) {
+void print_header(const Flags& f, int P) {
   std::string shape;
   for (int64_t d : f.cfg.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
   std::printf("# tpnorm bench: %s; layernorm/rmsnorm x %lldx%lld (hidden sharded), syncbn x %s "
@@ -288,80 +142,84 @@ void print_header(const Flags& f) {
               "backward\n",
               f.op.c_str(), (long long)f.cfg.rows, (long long)f.cfg.hidden, shape.c_str(),
               f.iters, f.warmup);
-  std::printf("# bytes: what each rank sends per call (communicator counters) = payload (README \"One collective per call\") "
-              "+ call header (hdr); strict pre-check off after warm-up\n");
+  std::printf("# bytes: what each rank sends per call (communicator counters) = payload "
+              "(README \"One collective per call\") + call header (hdr); strict pre-check off "
+              "after warm-up\n");
   std::printf("# times in us per step, median over iterations of the slowest rank; bare = the "
-              "same payloads as two bare all-reduces; model = fitted alpha-beta ring\n");
+              "same payloads as two bare all-reduces; model = fitted ring all-reduce\n");
   std::printf("# algbw = (fwd+bwd bytes) / reduce time, busbw = algbw * 2(P-1)/P (nccl-tests)\n");
-  const char* names[] = {"world", "op", "local", "dtype", "stats", "fwd_B", "bwd_B",
-                         "hdr_B", "colls", "partial", "reduce", "apply", "total", "min",
-                         "max", "bare", "model", "algbw", "busbw", "#wrong"};
-  std::printf("#");
-  for (size_t i = 0; i < std::size(names); ++i)
-    std::printf("%s%*s", i ? " " : "", i ? kWidth[i] : kWidth[0] - 1, names[i]);
-  std::printf("\n");
-}
-
-// Communication time per step at larger world sizes: the same bytes per rank (they do not
-// depend on P for these ops), two ring all-reduces, under the fitted and the preset links.
-void project(const std::vector<Row>& rows, const LinkModel& fitted, const Flags& f) {
-  std::vector<LinkModel> models{fitted};
-  for (const LinkModel& m : link_presets()) models.push_back(m);
-  FILE* out = f.proj.empty() ? nullptr : std::fopen(f.proj.c_str(), "w");
-  if (out) std::fprintf(out, "op,model,world,comm_us\n");
-  std::printf("# projected communication time per step (us): model alpha(us) beta(ns/B)\n");
-  for (const Row& r : rows) {
-    for (const LinkModel& m : models) {
-      std::printf("# %-10s %-7s a=%.3g b=%.3g:", r.op.c_str(), m.name, m.alpha * 1e6,
-                  m.beta * 1e9);
-      for (int P = 16; P <= 1024; P *= 2) {
-        const double t = ring_allreduce_seconds(m, P, r.fwd_bytes) +
-                         ring_allreduce_seconds(m, P, r.bwd_bytes);
-        std::printf(" P%d=%.1f", P, t * 1e6);
-        if (out) std::fprintf(out, "%s,%s,%d,%.4f\n", r.op.c_str(), m.name, P, t * 1e6);
-      }
-      std::printf("\n");
-    }
-  }
-  if (out) std::fclose(out);
+  Row empty;
+  print_heading(fields(empty, f, P));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  Flags f;
+  std::string error;
+  const bool rank0 = launcher_rank() == 0;
+  if (!parse_flags(argc, argv, f, error)) {
+    if (rank0) std::fprintf(stderr, "tpnorm_bench: %s (see --help)\n", error.c_str());
+    return 2;
+  }
+  if (f.help) {
+    if (rank0) print_help(stdout);
+    return 0;
+  }
+  if (f.check_flags) return 0;
+
   MPI_Init(&argc, &argv);
-  const Flags f = parse(argc, argv);
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   const int rank = world->rank(), P = world->size();
+  const std::string mismatch = launch_mismatch(P);
+  if (!mismatch.empty()) {
+    if (rank0) std::fprintf(stderr, "tpnorm_bench: %s\n", mismatch.c_str());
+    MPI_Finalize();
+    return 3;
+  }
+
+  const bool strategies = !f.strategies.empty();
+  const Fits fits = P > 1 ? fit_here(*world, f.iters, strategies) : Fits{};
+  if (rank == 0 && P > 1) {
+    const Link& a = fits.allreduce;
+    std::printf("# fitted at %d ranks from bare all-reduces of 64 B..1 MiB: alpha %.3g us per "
+                "step, beta %.3g ns/B (%.3g GB/s)\n",
+                P, a.alpha_ring * 1e6, a.beta * 1e9, a.beta > 0 ? 1e-9 / a.beta : 0);
+    if (strategies) {
+      const Link& g = fits.allgather;
+      std::printf("# fitted at %d ranks from bare all-gathers of 64 B..256 KiB per rank: alpha "
+                  "%.3g us per step, beta %.3g ns/B (%.3g GB/s)\n",
+                  P, g.alpha_ring * 1e6, g.beta * 1e9, g.beta > 0 ? 1e-9 / g.beta : 0);
+    }
+  }
+  if (strategies) {
+    const int errors = run_strategies(f, *world, fits);
+    MPI_Finalize();
+    return errors ? 1 : 0;
+  }
 
   std::vector<const BenchOp*> ops;
   for (const BenchOp& op : bench_ops())
     if (f.op == "all" || f.op == op.name) ops.push_back(&op);
-  if (ops.empty()) usage_error("unknown --op " + f.op);
-
-  const LinkModel fitted = P > 1 ? fit_here(*world, f.iters) : LinkModel{"fitted", 0, 0};
-  if (rank == 0) {
-    if (f.header) print_header(f);
-    if (P > 1)
-      std::printf("# fitted at %d ranks from bare all-reduces of 64 B..1 MiB: alpha %.3g us per "
-                  "step, beta %.3g ns/B (%.3g GB/s)\n",
-                  P, fitted.alpha * 1e6, fitted.beta * 1e9, fitted.beta > 0 ? 1e-9 / fitted.beta : 0);
-  }
-  std::vector<Row> rows;
+  if (rank == 0 && f.header) print_header(f, P);
+  std::vector<Projected> projected;
   int errors = 0;
   for (const BenchOp* op : ops) {
-    rows.push_back(run_op(*op, f, *world, fitted));
-    const Row& r = rows.back();
+    const Row r = run_op(*op, f, *world, fits);
     if (rank == 0) {
-      report(r, f, P);
+      write_row(fields(r, f, P), f.csv, f.json);
+      write_plotdata(f.plotdata, r.op, r.op, P, r.total.at(0.5));
       if (!r.bytes_ok)
         std::printf("# ERROR %s: bytes or collectives differ from the README formula\n",
                     r.op.c_str());
       std::fflush(stdout);
     }
+    const std::vector<Collective> fwd{{false, double(r.fwd_bytes), double(r.fwd_bytes)}},
+        bwd{{false, double(r.bwd_bytes), double(r.bwd_bytes)}};
+    projected.push_back({r.op, [fwd, bwd](int, bool forward) { return forward ? fwd : bwd; }});
     errors += (r.wrong != 0) + !r.bytes_ok;
   }
-  if (rank == 0 && f.project && P > 1) project(rows, fitted, f);
+  if (rank == 0 && f.project) project(projected, fits, P, f.proj);
   MPI_Finalize();
   return errors ? 1 : 0;
 }

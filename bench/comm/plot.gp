@@ -1,38 +1,46 @@
 # plot.gp — the benchmark's chart (gnuplot; run by `./launch/tpnorm bench --plot`).
-# Variables from -e: rows (the rows CSV), proj (the projection CSV), out (the PNG).
-# Left: measured time per phase (and the bare all-reduce and the fitted model, dashed) against
-# world size, one colour per series, one point type per op. Right: projected communication
-# time per step (model) to 1024 ranks, one colour per link model, one dash type per op. The rows are read sorted by op, so each op's points are adjacent
-# and its line is not broken by the other ops' rows.
-set terminal pngcairo size 1500,600 font ",10" noenhanced
+# Variables from -e: points (measured rows: name|label|world|total_us), proj (the projection
+# CSV: name,topology,algo,world,comm_us), out (the PNG).
+# Left: measured time per step against world size, one line per strategy (or op). Right: the
+# projected communication time per step on the hierarchical preset (nodes of 8 on NVLink 4,
+# NDR InfiniBand between nodes), one line per strategy, same colours; dashed, the first one on
+# a flat ring over the network (every rank its own node), the model the old projection used.
+set terminal pngcairo size 1500,620 font ",11" noenhanced
 set output out
-set datafile separator ","
-set multiplot layout 1,2 title "tpnorm bench: communication cost of sharded norms (time per forward + backward step)"
+set multiplot layout 1,2 title "tpnorm bench: time per step (forward + backward) of one sharded norm"
 
-ops = system("tail -n +2 '".rows."' | cut -d, -f2 | awk '!s[$0]++' | tr '\\n' ' '")
-models = system("tail -n +2 '".proj."' | cut -d, -f2 | awk '!s[$0]++' | tr '\\n' ' '")
-by_op = "< tail -n +2 '".rows."' | sort -t, -k2,2 -k1,1n"
-phases = "partial reduce apply total bare model"
-pcol(i) = (i == 1 ? 10 : i == 2 ? 11 : i == 3 ? 12 : i == 4 ? 13 : i == 5 ? 16 : 17)
-sel(name, col) = (strcol(2) eq name ? column(col) : NaN)
-dash(i) = (i >= 5 ? 2 : 1)  # the bare all-reduce and the model dashed
+# The points sorted by name, then world size, so that each line is drawn without gaps.
+sorted = "< sort -t'|' -k1,1 -k3,3n '".points."'"
+pmax = system("awk -F'|' '$3 > m {m = $3} END {print m}' '".points."'") + 0
+names = system("awk -F'|' '!s[$1]++{printf \"%s \", $1}' '".points."'")
+label(n) = system(sprintf("awk -F'|' '$1==\"%s\"{print $2; exit}' '%s'", n, points))
+set style line 1 lc rgb "#1b9e77" lw 2.5 pt 7 ps 1.4
+set style line 2 lc rgb "#d95f02" lw 2.5 pt 5 ps 1.4
+set style line 3 lc rgb "#7570b3" lw 2.5 pt 9 ps 1.6
+set style line 4 lc rgb "#e7298a" lw 2.5 pt 11 ps 1.6
+set style line 5 lc rgb "#666666" lw 2.5 pt 13 ps 1.4
 
-set title "measured (median, slowest rank)"
-set xlabel "world size (ranks)"
+set datafile separator "|"
+set title "measured on this machine (median, slowest rank)"
+set xlabel "world size P (ranks)"
 set ylabel "time per step (us)"
-set logscale y
-set logscale x 2
+set logscale xy
+set xtics (1, 2, 4, 8, 16, 32, 64)
+set xrange [0.85:pmax * 1.2]
 set grid
-set key outside right top font ",8"
-plot for [o = 1:words(ops)] for [i = 1:words(phases)] \
-     by_op using 1:(sel(word(ops, o), pcol(i))) \
-     title sprintf("%s %s", word(ops, o), word(phases, i)) with linespoints lc (i >= 5 ? i + 2 : i) pt (4 + 2 * o) ps 1.3 dt dash(i)
+set key bottom right box opaque font ",10" spacing 1.2
+plot for [i = 1:words(names)] sorted using 3:(strcol(1) eq word(names, i) ? $4 : NaN) \
+     title label(word(names, i)) with linespoints ls i
 
-set title "projected communication time (alpha-beta ring model)"
-set xlabel "world size (ranks)"
-set logscale x 2
-set key outside right top font ",8"
-plot for [o = 1:words(ops)] for [m = 1:words(models)] \
-     proj using 3:(strcol(1) eq word(ops, o) && strcol(2) eq word(models, m) ? $4 : NaN) \
-     title sprintf("%s %s", word(ops, o), word(models, m)) with linespoints lc (m + 5) dt o pt (4 + 2 * o)
+set datafile separator ","
+set title "projected communication, nodes of 8 (NVLink 4 + NDR InfiniBand)"
+set ylabel "communication time per step (us)"
+set xtics (2, 8, 32, 128, 512, 1024)
+set xrange [1.7:1200]
+set key top left box opaque font ",10" spacing 1.2
+plot for [i = 1:words(names)] proj using 4:(strcol(1) eq word(names, i) && strcol(2) eq "h100x8" \
+       && strcol(3) eq "best" ? $5 : NaN) title label(word(names, i)) with linespoints ls i, \
+     proj using 4:(strcol(1) eq word(names, 1) && strcol(2) eq "ndr_flat" && strcol(3) eq "ring" \
+       ? $5 : NaN) title sprintf("%s, flat ring over NDR (no nodes, no tree)", word(names, 1)) \
+       with lines ls 1 dt 2 lw 1.5
 unset multiplot

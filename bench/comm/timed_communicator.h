@@ -1,25 +1,29 @@
 // timed_communicator.h — phase times of an op measured from outside the library.
 //
-// A Communicator that forwards every all_reduce_sum to a real one and stamps the clock on
-// entry and exit of the collective. Around one op call (begin() .. end()):
+// A Communicator that forwards every sum (blocking, or started and waited) to a real one and
+// stamps the clock on entry and exit of each collective. Around one op call (begin() .. end()):
 //   partial = call start -> first collective entry   (validation, agreement, local partials)
 //   reduce  = first collective entry -> last exit     (the call's collective(s))
 //   apply   = last collective exit -> call return     (the op's apply phase)
-// With the strict pre-check off an op call makes exactly one collective, so reduce is that
-// collective. The wrapper keeps its own counters (the base class counts every call), so the
-// benchmark reads bytes and collectives from the communicator it hands to the op.
+//   inside  = the time spent inside collectives      (= reduce for one collective per call)
+// With the strict pre-check off a tpnorm call makes exactly one collective, so reduce is that
+// collective. The wrapper keeps its own counters (the base class counts every sum), so the
+// benchmark reads bytes and collectives from the communicator it hands to the op. Collectives
+// the benchmark makes beside the communicator (the all-gathers of the other strategies, over
+// MPI on the same ranks) go through external(), timed the same way and counted apart.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 
 #include "tpnorm/communicator.h"
 
 namespace tpnorm_bench {
 
 struct PhaseTimes {
-  double partial = 0, reduce = 0, apply = 0;  // seconds, summed over the calls timed
-  uint64_t calls = 0;                         // op calls that made at least one collective
+  double partial = 0, reduce = 0, apply = 0, inside = 0;  // seconds, summed over the calls
+  uint64_t calls = 0;  // op calls that made at least one collective
 };
 
 class TimedCommunicator final : public tpnorm::Communicator {
@@ -46,12 +50,36 @@ class TimedCommunicator final : public tpnorm::Communicator {
   const PhaseTimes& times() const { return times_; }
   void reset_times() { times_ = {}; }
 
+  /// Runs `f`, a collective of `bytes` from this rank made beside this communicator on the same
+  /// ranks, timed like the communicator's own and counted in external_counters().
+  template <class F>
+  void external(uint64_t bytes, F&& f) {
+    external_.calls += 1;
+    external_.bytes_sent += bytes;
+    enter();
+    f();
+    leave();
+  }
+  const tpnorm::CommCounters& external_counters() const { return external_; }
+  void reset_external_counters() { external_ = {}; }
+
  protected:
   void do_all_reduce_sum(void* buf, size_t count, tpnorm::DType dtype) override {
-    const double in = now();
-    if (collectives_++ == 0) first_in_ = in;
+    enter();
     inner_.all_reduce_sum(buf, count, dtype);
-    last_out_ = now();
+    leave();
+  }
+  // A started sum is inside its collective from start to wait.
+  void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count,
+                               tpnorm::DType dtype) override {
+    enter();
+    pending_[id] = inner_.start_all_reduce_sum(buf, count, dtype);
+  }
+  void do_wait(uint64_t id) override {
+    Request r = pending_[id];
+    pending_.erase(id);
+    inner_.wait(r);
+    leave();
   }
 
  private:
@@ -59,10 +87,23 @@ class TimedCommunicator final : public tpnorm::Communicator {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
+  // Nested (overlapping started sums) count once in `inside`.
+  void enter() {
+    const double t = now();
+    if (collectives_++ == 0) first_in_ = t;
+    if (depth_++ == 0) segment_ = t;
+  }
+  void leave() {
+    last_out_ = now();
+    if (--depth_ == 0) times_.inside += last_out_ - segment_;
+  }
+
   tpnorm::Communicator& inner_;
   PhaseTimes times_;
-  double start_ = 0, first_in_ = 0, last_out_ = 0;
-  int collectives_ = 0;
+  tpnorm::CommCounters external_;
+  std::map<uint64_t, Request> pending_;
+  double start_ = 0, first_in_ = 0, last_out_ = 0, segment_ = 0;
+  int collectives_ = 0, depth_ = 0;
 };
 
 }  // namespace tpnorm_bench

@@ -1,0 +1,158 @@
+// bench_flags.cpp — see bench_flags.h.
+#include "bench_flags.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "strategies.h"
+
+namespace tpnorm_bench {
+namespace {
+
+bool to_int(const std::string& s, long long& v) {
+  char* end = nullptr;
+  v = std::strtoll(s.c_str(), &end, 10);
+  return !s.empty() && *end == '\0';
+}
+
+bool known_strategies(const std::string& list, std::string& bad) {
+  if (list == "all") return true;
+  std::stringstream in(list);
+  for (std::string name; std::getline(in, name, ',');) {
+    bool found = false;
+    for (const BenchStrategy& s : bench_strategies()) found |= name == s.name;
+    if (!found) {
+      bad = name;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void print_help(std::FILE* out) {
+  std::fprintf(out, R"(usage: tpnorm_bench [FLAGS]   (run under mpirun; ./launch/tpnorm bench runs one job per
+                              world size, see README "Benchmark")
+op mode (default): tpnorm's own ops, bytes and collectives checked against the README formula
+  --op NAME          layernorm, rmsnorm, syncbn or all (default all)
+  --dtype T          fp32, fp16 or bf16 (default fp32)
+  --stats S          robust or naive (default robust)
+  --shape N,C,...    SyncBatchNorm input, NCHW, batch sharded (default 32,64,8,8)
+strategy mode: four ways to compute one sharded LayerNorm, side by side (fp32, robust)
+  --strategies LIST  comma list of tpnorm, two_pass, gather_row, gather_stats, or all
+both:
+  --rows R           rows of the LayerNorm/RMSNorm input (default 512)
+  --hidden H         hidden size, sharded evenly over the ranks (default 1024)
+  -n ITERS           timed steps (default 20); one step = forward + backward
+  -w WARMUP          warm-up steps (default 5)
+  --no-check         skip the element-wise check against the float64 reference
+  --header           print the '#' header lines (the launcher asks the first job)
+  --project          print the projection to 1024 ranks (the launcher asks the last job)
+  --csv FILE         append the rows as CSV      --json FILE  append them as JSON lines
+  --proj FILE        write the projection as CSV --plotdata FILE  rows for the plot
+  --check-flags      parse the flags and exit (the launcher's check before mpirun)
+  -h, --help         this text
+)");
+}
+
+bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    std::string v;
+    auto val = [&]() {
+      if (i + 1 >= argc) {
+        error = "missing value after " + k;
+        return false;
+      }
+      v = argv[++i];
+      return true;
+    };
+    auto number = [&](long long lo, long long& out) {
+      if (!val()) return false;
+      if (!to_int(v, out) || out < lo) {
+        error = k + " needs an integer >= " + std::to_string(lo) + ", not '" + v + "'";
+        return false;
+      }
+      return true;
+    };
+    long long n = 0;
+    if (k == "-h" || k == "--help") {
+      f.help = true;
+    } else if (k == "--op") {
+      if (!val()) return false;
+      f.op = v;
+    } else if (k == "--strategies") {
+      if (!val()) return false;
+      std::string bad;
+      if (!known_strategies(v, bad)) {
+        error = "--strategies: unknown strategy '" + bad + "'";
+        return false;
+      }
+      f.strategies = v;
+    } else if (k == "--rows" || k == "--hidden" || k == "-n" || k == "-w") {
+      if (!number(k == "-w" ? 0 : 1, n)) return false;
+      if (k == "--rows") f.cfg.rows = n;
+      if (k == "--hidden") f.cfg.hidden = n;
+      if (k == "-n") f.iters = static_cast<int>(n);
+      if (k == "-w") f.warmup = static_cast<int>(n);
+    } else if (k == "--shape") {
+      if (!val()) return false;
+      f.cfg.shape.clear();
+      std::stringstream in(v);
+      for (std::string d; std::getline(in, d, ',');) {
+        if (!to_int(d, n) || n < 0) {
+          error = "--shape needs N,C[,spatial...] of integers >= 0, not '" + v + "'";
+          return false;
+        }
+        f.cfg.shape.push_back(n);
+      }
+      if (f.cfg.shape.size() < 2 || f.cfg.shape.size() > 8 || f.cfg.shape[1] < 1) {
+        error = "--shape must be N,C[,spatial...] with C >= 1 and at most 8 dims";
+        return false;
+      }
+    } else if (k == "--dtype") {
+      if (!val()) return false;
+      if (v == "fp32") f.cfg.dtype = tpnorm::DType::F32;
+      else if (v == "fp16") f.cfg.dtype = tpnorm::DType::F16;
+      else if (v == "bf16") f.cfg.dtype = tpnorm::DType::BF16;
+      else {
+        error = "--dtype must be fp32, fp16 or bf16, not '" + v + "'";
+        return false;
+      }
+    } else if (k == "--stats") {
+      if (!val()) return false;
+      if (v != "robust" && v != "naive") {
+        error = "--stats must be robust or naive, not '" + v + "'";
+        return false;
+      }
+      f.cfg.stats = v == "naive" ? tpnorm::Stats::kNaive : tpnorm::Stats::kRobust;
+    } else if (k == "--csv" || k == "--json" || k == "--proj" || k == "--plotdata") {
+      if (!val()) return false;
+      (k == "--csv" ? f.csv : k == "--json" ? f.json : k == "--proj" ? f.proj : f.plotdata) = v;
+    } else if (k == "--header") {
+      f.header = true;
+    } else if (k == "--project") {
+      f.project = true;
+    } else if (k == "--no-check") {
+      f.check = false;
+    } else if (k == "--check-flags") {
+      f.check_flags = true;
+    } else {
+      error = "unknown flag " + k;
+      return false;
+    }
+  }
+  if (f.op != "all" && f.op != "layernorm" && f.op != "rmsnorm" && f.op != "syncbn") {
+    error = "--op must be layernorm, rmsnorm, syncbn or all, not '" + f.op + "'";
+    return false;
+  }
+  if (!f.strategies.empty() &&
+      (f.cfg.dtype != tpnorm::DType::F32 || f.cfg.stats != tpnorm::Stats::kRobust)) {
+    error = "--strategies runs fp32 with robust statistics only (drop --dtype / --stats)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace tpnorm_bench

@@ -1,0 +1,54 @@
+// strategies.h — four ways to compute a LayerNorm whose hidden dimension is sharded over P
+// ranks, side by side on the same shapes (./launch/tpnorm bench --strategies all):
+//   tpnorm        partial statistics, ONE all-reduce per pass (tpnorm's layer_norm_*)
+//   two_pass      two all-reduces per pass: sum x, then the centred sum of squares; backward
+//                 sum g*dy, then sum g*dy*xhat (Colossal-AI's 2D LayerNorm, MindSpeed)
+//   gather_row    all-gather x, normalise the whole row locally, keep this rank's slice;
+//                 backward all-gathers dy (what PyTorch DTensor does for a Shard(-1) layer_norm:
+//                 the input is redistributed to Replicate)
+//   gather_stats  all-gather each rank's (count, mean, M2) per row and merge them with Chan's
+//                 formula; backward one all-reduce of (sum g*dy, sum g*dy*xhat) (PyTorch / apex
+//                 SyncBatchNorm's scheme, applied to rows)
+// Each is a BenchCase of row_norm_case.h (same seeded data, same float64 check); the others
+// than tpnorm compute in float64 accumulators with fp32 storage and make their all-reduces on
+// the benchmark's communicator and their all-gathers with MPI_Allgatherv on MPI_COMM_WORLD (the
+// same ranks; tpnorm's Communicator has no all-gather).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "bench_op.h"
+#include "cost_model.h"
+
+namespace tpnorm_bench {
+
+/// One collective of a pass: an all-reduce of `bytes`, or an all-gather to which this rank
+/// gives `bytes` and which gathers `total` bytes from all ranks.
+struct Collective {
+  bool gather = false;
+  double bytes = 0, total = 0;
+};
+
+struct BenchStrategy {
+  const char* name;   // the --strategies name
+  const char* label;  // for the plot's legend
+  std::unique_ptr<BenchCase> (*make)(const BenchConfig& cfg, int rank, int size);
+  /// The collectives of one pass (forward or backward) on rank `rank` of P; rank < 0: a rank
+  /// holding the mean share (for projections).
+  std::vector<Collective> (*plan)(const BenchConfig& cfg, int P, int rank, bool forward);
+};
+
+/// Every strategy, in report order.
+const std::vector<BenchStrategy>& bench_strategies();
+
+/// Bytes this rank sends on the wire for `plan` under ring algorithms: all-reduce 2(P-1)/P B,
+/// all-gather (P-1)/P of the gathered total.
+double wire_bytes(const std::vector<Collective>& plan, int P);
+
+/// Modelled seconds of `plan` at P ranks: all-reduces on `ar` (ring, tree or the faster),
+/// all-gathers on `ag` with the mean share total / P.
+double plan_seconds(const std::vector<Collective>& plan, int P, const Topology& ar,
+                    const Topology& ag, Algo algo);
+
+}  // namespace tpnorm_bench
