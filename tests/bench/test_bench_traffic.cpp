@@ -2,6 +2,8 @@
 // ones: for every op in the benchmark's table, the communicator's counters after one forward
 // and one backward equal README "One collective per call" exactly (payload + call header, in
 // the wire type), with and without the strict pre-check, and the op's own formula agrees.
+// Every strategy of the comparison (--strategies) makes exactly the collectives and bytes of its
+// plan (all-gathers counted beside the communicator) and matches the reference.
 // Also: the outputs the benchmark checks are right, and the benchmark's timing communicator
 // (a wrapper around the real one) forwards every collective and times only the calls it is told.
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 
 #include "bench_op.h"
 #include "harness.h"
+#include "strategies.h"
 #include "timed_communicator.h"
 #include "tpnorm/mpi.h"
 
@@ -95,6 +98,50 @@ TEST(BenchTraffic, TimedCommunicatorForwardsAndTimesEachCall) {
   EXPECT_EQ(world->counters().calls, 3u);
   EXPECT_EQ(world->counters().bytes_sent, timed.counters().bytes_sent);
   EXPECT_EQ(tpnorm_test::sum_over_ranks(c->count_wrong()), 0);
+}
+
+// Uneven shards (hidden = 7P + 1), and a rank with no column (hidden < P at P >= 3), per
+// strategy: the counted traffic of one forward and one backward equals the plan's, written
+// out here once more for the all-gathers' per-rank blocks.
+TEST(BenchTraffic, StrategiesMakeThePlannedCollectivesAndMatchTheReference) {
+  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  const int P = world->size(), me = world->rank();
+  for (int64_t hidden : {int64_t{7} * P + 1, int64_t{2}}) {
+    BenchConfig cfg;
+    cfg.rows = 13;
+    cfg.hidden = hidden;
+    const int64_t mine = tpnorm_test::split_even(hidden, P).count[me];
+    for (const BenchStrategy& s : bench_strategies()) {
+      SCOPED_TRACE(std::string(s.name) + " hidden " + std::to_string(hidden));
+      auto c = s.make(cfg, me, P);
+      TimedCommunicator timed(*world);
+      timed.set_strict_calls(0);
+      for (bool fwd : {true, false}) {
+        timed.reset_counters();
+        timed.reset_external_counters();
+        fwd ? c->forward(timed) : c->backward(timed);
+        const auto plan = s.plan(cfg, P, me, fwd);
+        uint64_t reduces = 0, gathers = 0, reduce_bytes = 0, gather_bytes = 0;
+        for (const Collective& k : plan) {
+          (k.gather ? gathers : reduces) += 1;
+          (k.gather ? gather_bytes : reduce_bytes) += static_cast<uint64_t>(k.bytes);
+        }
+        EXPECT_EQ(timed.counters().calls, reduces);
+        EXPECT_EQ(timed.counters().bytes_sent, reduce_bytes);
+        EXPECT_EQ(timed.external_counters().calls, gathers);
+        EXPECT_EQ(timed.external_counters().bytes_sent, gather_bytes);
+      }
+      const std::string n = s.name;
+      const uint64_t R = 13;
+      if (n == "gather_row") {
+        EXPECT_EQ(timed.external_counters().bytes_sent, R * mine * 4);
+      }
+      if (n == "gather_stats") {
+        EXPECT_EQ(timed.counters().bytes_sent, 2 * R * 8);
+      }
+      EXPECT_EQ(tpnorm_test::sum_over_ranks(c->count_wrong()), 0);
+    }
+  }
 }
 
 }  // namespace
