@@ -25,13 +25,12 @@ struct Geo {
   bool has_values = false;     // outer * inner > 0: only then may x be read
 };
 
-// The robust pivot of channel ch on this rank, with the CPU kernels' span: the first values
-// of its NCHW plane, or of its channels-last column (stride c).
+// The robust pivot of channel ch on this rank: the CPU kernels' (common/pivot.h); a
+// channels-last tensor here is [outer = n * inner, c, 1].
 template <class T>
 __device__ __forceinline__ float channel_pivot(const Geo& g, const T* x, int64_t ch) {
   if (!g.has_values) return 0.0f;
-  if (g.channels_last) return robust_pivot(x + ch, g.outer, g.c);
-  return robust_pivot(x + ch * g.inner, g.inner);
+  return detail::channel_pivot(x, g.outer, g.c, g.inner, g.channels_last, ch);
 }
 
 // The values a pass sums per element: forward {d, d^2} with d = x - pivot; backward

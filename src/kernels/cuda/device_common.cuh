@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/half.h"
+#include "common/pivot.h"
 #include "kernels/cuda/row_norm.h"
 
 namespace tpnorm::kernels::cuda {
@@ -109,18 +110,6 @@ __device__ __forceinline__ bool header_ok(const Header& hd, double* n) {
 // Marks the call failed (any thread may call; one write wins, the value is the same).
 __device__ __forceinline__ void mark_failed(int* err) {
   if (threadIdx.x == 0) atomicExch(err, 1);
-}
-
-// The robust pivot (the CPU kernels' rule): the mean of the first min(n, 32) of
-// x[0], x[stride], ..., accumulated in double around x[0]; 0 when n == 0 (x is not read).
-template <class T>
-__device__ __forceinline__ float robust_pivot(const T* x, int64_t n, int64_t stride = 1) {
-  if (n <= 0) return 0.0f;
-  const int64_t k = n < 32 ? n : 32;
-  const double first = to_f(x[0]);
-  double s = 0;
-  for (int64_t i = 0; i < k; ++i) s += static_cast<double>(to_f(x[i * stride])) - first;
-  return static_cast<float>(first + s / static_cast<double>(k));
 }
 
 // The exact split of a saved mean into float head + tail (as kernels/cpu/row_norm.cpp).

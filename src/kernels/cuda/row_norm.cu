@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(256)
   const int lane = threadIdx.x % g.tpr;
   const T* xr = x + r * g.h;
   // Around the robust pivot of the row, so 1e4 + N(0,1) keeps its variance (as on CPU).
-  const float pivot = pivoted ? robust_pivot(xr, g.h) : 0.0f;
+  const float pivot = pivoted ? detail::robust_pivot(xr, g.h) : 0.0f;
   float v[2] = {0.0f, 0.0f};
   for (int64_t i = lane; i < g.h / V; i += g.tpr) {
     const Pack<T, V> p = load_pack<T, V>(xr, i);
