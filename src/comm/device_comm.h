@@ -27,10 +27,10 @@ class DeviceCommunicator : public Communicator {
   /// Host-side sum of `n` doubles over the ranks, for the strict pre-check and for the
   /// diagnosis of a failed call; never used by the steady-state device path.
   virtual void control_all_reduce_sum(double* buf, size_t n) = 0;
-  /// Enqueues on stream() the write of `nh` header values (given as doubles) in the wire type
-  /// at `base`, followed by `zero_values` zeros (the payload of a rank that failed locally).
-  virtual void enqueue_header(void* base, DType wire, const double* header, size_t nh,
-                              size_t zero_values) = 0;
+  /// Enqueues on stream() all-ones bytes over [base, base + bytes): NaN in either wire type,
+  /// which every rank's apply kernels reject. For a call header whose write could not be
+  /// launched: the rank still joins the collective, and the call fails everywhere.
+  virtual void poison(void* base, size_t bytes) = 0;
   /// The CUDA device ordinal of this communicator's buffers and stream.
   virtual int device_index() const = 0;
   /// Ends the job with `message`, the watchdog's way (ncclCommAbort or MPI_Abort, exit status

@@ -1,6 +1,10 @@
 // packed_call.cpp — see packed_call.h for the buffer layout and the agreement rule.
 #include "ops/packed_call.h"
 
+#ifdef TPNORM_WITH_CUDA
+#include "kernels/cuda/call_header.h"
+#endif
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -178,10 +182,29 @@ void PackedCall::reduce_device() {
     control_sum(sum.data(), sum.size());
     check_header(sum.data(), DType::F64);  // throws on every rank together
   }
-  dev_->enqueue_header(dev_base_, wire_, head.data(), header_values_,
-                       failed_ ? payload_values_ : 0);
+  enqueue_device_header(head.data());
   comm_.all_reduce_sum(dev_base_, header_values_ + payload_values_, wire_);
   throw_if_failed_locally(comm_.rank());
+}
+
+// The header kernel (kernels/cuda/call_header.h) writes this rank's header, and a failed
+// rank's zero payload, into the device buffer. Nothing here may keep the rank out of the
+// collective that follows: a launch that fails poisons the header (NaN: every rank's apply
+// kernels reject the call) and becomes this rank's failure, thrown after the collective.
+void PackedCall::enqueue_device_header(const double* head) {
+  try {
+#ifdef TPNORM_WITH_CUDA
+    kernels::cuda::write_header(dev_base_, wire_ == DType::F64, head,
+                                static_cast<int>(header_values_), failed_ ? payload_values_ : 0,
+                                dev_->stream());
+#else
+    (void)head;
+    throw Error(ErrorCode::kInternal, "tpnorm: a device call in a build without CUDA");
+#endif
+  } catch (const std::exception& e) {
+    fail(e.what(), ErrorCode::kCommunication);
+    dev_->poison(dev_base_, header_values_ * dtype_size(wire_));
+  }
 }
 
 void PackedCall::control_sum(double* buf, size_t n) {

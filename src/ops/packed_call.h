@@ -109,6 +109,7 @@ class PackedCall {
   void check_header(const void* base, DType as);
   [[noreturn]] void diagnose();
   void reduce_device();
+  void enqueue_device_header(const double* head);
   void control_sum(double* buf, size_t n);
 
   Communicator& comm_;

@@ -4,9 +4,8 @@
 //
 // Never stranding a peer. Once a rank is inside a call's collective the others rely on it
 // joining theirs, so between the ops' prepare and the collective nothing here throws:
-//   * a kernel-launch error in the header write is kept and thrown only AFTER the collective
-//     has been enqueued (the header is then all-ones bits, NaN, which every rank's apply
-//     kernels reject);
+//   * a header whose write could not be launched is overwritten with all-ones bits (NaN,
+//     poison()), which every rank's apply kernels reject; the rank joins, then throws;
 //   * a rank that cannot join at all (its workspace could not grow to the call's length after
 //     the strict calls, or the transport failed) ends the job at once with a message instead;
 //   * every collective is watched: the NCCL one by a host thread (watchdog.h), the MPI-staged
@@ -30,7 +29,6 @@
 #include "comm/device_comm.h"
 #include "comm/mpi_check.h"
 #include "common/cuda_check.h"
-#include "kernels/cuda/row_norm.h"
 #include "tpnorm/cuda_mpi.h"
 #include "tpnorm/error.h"
 
@@ -95,19 +93,9 @@ class CudaCommBase : public detail::DeviceCommunicator {
 
   void* workspace(size_t bytes) override { return ws_.get(bytes, capturing()); }
 
-  // Never throws before the collective (see the file comment): a failed launch leaves an
-  // all-ones header (NaN: rejected on every rank) and its error for after the collective.
-  void enqueue_header(void* base, DType wire, const double* header, size_t nh,
-                      size_t zero_values) override {
-    const size_t wsz = dtype_size(wire);
-    if (ws_.owns(base) && !ws_.fits(base, (nh + zero_values) * wsz)) return;  // cannot join
-    try {
-      kernels::cuda::write_header(base, wire == DType::F64, header, static_cast<int>(nh),
-                                  zero_values, stream_);
-    } catch (const Error& e) {
-      if (pending_error_.empty()) pending_error_ = e.what();
-      cudaMemsetAsync(base, 0xff, nh * wsz, stream_);
-    }
+  // Never throws: it runs between the header's failed launch and the collective.
+  void poison(void* base, size_t bytes) override {
+    if (cudaMemsetAsync(base, 0xff, bytes, stream_) != cudaSuccess) (void)cudaGetLastError();
   }
 
  protected:
@@ -127,13 +115,6 @@ class CudaCommBase : public detail::DeviceCommunicator {
            " bytes; the device workspace could not grow to it): ending the job, the other "
            "ranks would wait for it forever";
   }
-  /// Throws the error kept by enqueue_header, once the collective is enqueued.
-  void throw_pending() {
-    if (pending_error_.empty()) return;
-    std::string m;
-    m.swap(pending_error_);
-    throw Error(ErrorCode::kCommunication, m);
-  }
 
   cudaStream_t stream_;
   int device_;
@@ -141,7 +122,6 @@ class CudaCommBase : public detail::DeviceCommunicator {
  private:
   detail::Workspace ws_;
   void* err_ = nullptr;
-  std::string pending_error_;
 };
 
 class CudaSingleCommunicator final : public CudaCommBase {
@@ -156,7 +136,7 @@ class CudaSingleCommunicator final : public CudaCommBase {
   }
 
  protected:
-  void do_all_reduce_sum(void*, size_t, DType) override { throw_pending(); }
+  void do_all_reduce_sum(void*, size_t, DType) override {}  // the sum over one rank
 };
 
 MPI_Datatype mpi_type(DType t) {
@@ -256,7 +236,6 @@ class MpiStagedCommunicator final : public CudaCommBase {
     wait_stream();
     mpi_.sum(host_, count, dtype, timeout(), [&] { mpi_abort_job(watchdog_message()); });
     stream_call(cudaMemcpyAsync(buf, host_, bytes, cudaMemcpyHostToDevice, stream_));
-    throw_pending();
   }
 
  private:
@@ -428,7 +407,6 @@ class NcclCommunicator final : public CudaCommBase {
     if (!joinable(buf, bytes)) end_job(cannot_join_message(bytes));
     collective(buf, count, nccl_type(dtype));
     watch();
-    throw_pending();
   }
 
  private:

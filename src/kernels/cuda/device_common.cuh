@@ -1,5 +1,6 @@
 // device_common.cuh — what the CUDA kernels share: storage-type mapping and conversion to the
-// float32 they compute in, 16-byte packs, group sums, and the check of a call's summed header.
+// float32 they compute in, 16-byte packs, group sums, and the check of a call's summed header
+// (layout: common/call_header.h; the device view: kernels/cuda/call_header.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,9 +9,10 @@
 
 #include <cstdint>
 
+#include "common/call_header.h"
 #include "common/half.h"
 #include "common/pivot.h"
-#include "kernels/cuda/row_norm.h"
+#include "kernels/cuda/call_header.h"
 
 namespace tpnorm::kernels::cuda {
 
@@ -94,16 +96,19 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr) {
   }
 }
 
-// The summed header of the call (see ops/packed_call.h): true when no rank failed and every
-// fingerprint chunk agrees; *n = the global element count per statistic set.
+// The summed header of the call (layout: common/call_header.h): true when no rank failed and
+// every fingerprint chunk agrees; *n = the global element count per statistic set.
 __device__ __forceinline__ bool header_ok(const Header& hd, double* n) {
-  bool bad = load_fd(hd.base, 0, hd.w64) != 0.0;
-  for (int i = 2; i + 1 < hd.values; i += 2) {
-    const double s1 = load_fd(hd.base, i, hd.w64), s2 = load_fd(hd.base, i + 1, hd.w64);
+  namespace ch = detail::call_header;
+  bool bad = load_fd(hd.base, ch::kErrorIndex, hd.w64) != 0.0;
+  // ch::chunk_index(i), spelled out: host constexpr functions are not callable on device.
+  for (int i = 0; i < ch::kChunks && ch::kBaseValues + 2 * i + 1 < hd.values; ++i) {
+    const double s1 = load_fd(hd.base, ch::kBaseValues + 2 * i, hd.w64);
+    const double s2 = load_fd(hd.base, ch::kBaseValues + 2 * i + 1, hd.w64);
     if (static_cast<double>(hd.ranks) * s2 != s1 * s1) bad = true;
   }
-  *n = load_fd(hd.base, 1, hd.w64);
-  if (!hd.w64 && *n >= 16777216.0) bad = true;  // float counts stop being exact at 2^24
+  *n = load_fd(hd.base, ch::kCountIndex, hd.w64);
+  if (!hd.w64 && *n >= ch::kFloatCountLimit) bad = true;  // float counts stop being exact
   return !bad;
 }
 

@@ -258,17 +258,6 @@ __global__ void dgamma_final(int64_t h, int64_t chunks, const float* part, Heade
   if (dbeta) dbeta[j] = from_f<T>(static_cast<float>(tb));
 }
 
-// The header values travel as a kernel argument, so a captured graph replays them as well.
-struct HeaderValues {
-  double v[10];
-};
-__global__ void header_kernel(void* base, bool w64, HeaderValues hv, int nh, size_t zeros) {
-  const size_t total = static_cast<size_t>(nh) + zeros;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    store_fd(base, static_cast<int64_t>(i), w64, i < static_cast<size_t>(nh) ? hv.v[i] : 0.0);
-}
-
 // ---- launchers ----------------------------------------------------------------------------
 
 struct Launch {
@@ -384,16 +373,6 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
   launch("row dgamma_final", dgamma_final<D>, dim3(static_cast<unsigned>((a.h + 255) / 256)),
          dim3(256), st(a.stream), a.h, chunks, static_cast<const float*>(part), hd,
          reinterpret_cast<D*>(dgamma), reinterpret_cast<D*>(dbeta), err);
-}
-
-void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
-                  void* stream) {
-  HeaderValues hv{};
-  for (int i = 0; i < nh && i < 10; ++i) hv.v[i] = header[i];
-  const size_t total = static_cast<size_t>(nh) + zeros;
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((total + 255) / 256, 1024));
-  launch("header_kernel", header_kernel, dim3(blocks), dim3(256), st(stream), base, w64, hv, nh,
-         zeros);
 }
 
 #define TPNORM_CUDA_ROW_INSTANTIATE(T)                                                          \

@@ -2,7 +2,7 @@
 // the same partial / apply split as kernels/cpu/row_norm.h, on device memory, enqueued on a
 // stream. They know nothing of communication.
 //
-// Stats buffer ("base"): the call's header (Header below) followed by the payload, in the
+// Stats buffer ("base"): the call's header (Header, call_header.h) followed by the payload, in the
 // wire type W (double when w64, else float); payload per row as on CPU: centred {S1, S2},
 // RMS {S2}; backward centred {Sg, Sgx}, RMS {Sgx}. Apply kernels read the global count n from
 // the summed header and check it: a failed or disagreeing call (error flag != 0, fingerprint
@@ -18,14 +18,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace tpnorm::kernels::cuda {
+#include "kernels/cuda/call_header.h"
 
-struct Header {
-  const void* base = nullptr;  ///< header + payload on device
-  int values = 2;              ///< header length in W values (2, or 10 with the fingerprint)
-  int ranks = 1;
-  bool w64 = true;             ///< wire type double (robust) or float (naive)
-};
+namespace tpnorm::kernels::cuda {
 
 struct RowArgs {
   int64_t rows = 0, h = 0;
@@ -54,9 +49,5 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
 
 /// Device scratch the backward needs for dgamma/dbeta (0 when neither is requested).
 size_t row_norm_scratch_bytes(int64_t rows, int64_t h, bool params);
-
-/// Writes nh header values (given as doubles) in the wire type at base, then `zeros` zeros.
-void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
-                  void* stream);
 
 }  // namespace tpnorm::kernels::cuda

@@ -1,0 +1,37 @@
+// call_header.cu — the header-writing kernel; see call_header.h.
+#include "kernels/cuda/call_header.h"
+
+#include <algorithm>
+
+#include "common/call_header.h"
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/launch.cuh"
+
+namespace tpnorm::kernels::cuda {
+namespace {
+
+struct HeaderValues {
+  double v[detail::call_header::kFullValues];
+};
+
+__global__ void header_kernel(void* base, bool w64, HeaderValues hv, int nh, size_t zeros) {
+  const size_t total = static_cast<size_t>(nh) + zeros;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    store_fd(base, static_cast<int64_t>(i), w64, i < static_cast<size_t>(nh) ? hv.v[i] : 0.0);
+}
+
+}  // namespace
+
+void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
+                  void* stream) {
+  HeaderValues hv{};
+  nh = std::min(nh, detail::call_header::kFullValues);
+  for (int i = 0; i < nh; ++i) hv.v[i] = header[i];
+  const size_t total = static_cast<size_t>(nh) + zeros;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((total + 255) / 256, 1024));
+  launch("header_kernel", header_kernel, dim3(blocks), dim3(256),
+         static_cast<cudaStream_t>(stream), base, w64, hv, nh, zeros);
+}
+
+}  // namespace tpnorm::kernels::cuda
