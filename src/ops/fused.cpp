@@ -10,6 +10,10 @@
 #include "kernels/cpu/residual.h"
 #include "ops/op_spec.h"
 #include "ops/row_stages.h"
+#ifdef TPNORM_WITH_CUDA
+#include "ops/cuda/fused_cuda.h"
+#include "ops/cuda/row_norm_cuda.h"
+#endif
 
 namespace tpnorm {
 namespace detail {
@@ -29,6 +33,31 @@ struct FusedBackward {
   double alpha;
   RowBackwardCall norm;  // on (dy, h), its input gradient into df: norm.a.x is h, norm.a.dx df
 };
+
+// Device hooks: the residual add, then the row norm's device stages on h; backward, the row
+// norm's stages, then the residual epilogue (ops/cuda).
+#ifdef TPNORM_WITH_CUDA
+void forward_partial_device(PackedCall& call, DeviceCommunicator& dev, const FusedForward& a) {
+  residual_add_cuda(dev, a.x, a.f, a.alpha, a.norm.a.x);
+  row_forward_partial_cuda(call, dev, a.norm);
+}
+void forward_apply_device(PackedCall& call, DeviceCommunicator& dev, const FusedForward& a) {
+  row_forward_apply_cuda(call, dev, a.norm);
+}
+void backward_partial_device(PackedCall& call, DeviceCommunicator& dev, const FusedBackward& a) {
+  row_backward_partial_cuda(call, dev, a.norm);
+}
+void backward_apply_device(PackedCall& call, DeviceCommunicator& dev, const FusedBackward& a) {
+  row_backward_apply_cuda(call, dev, a.norm);
+  residual_epilogue_cuda(dev, a.dh_extra, a.alpha, a.norm.a.dx, a.dx);
+}
+constexpr DeviceHooks<FusedForward> kForwardDevice{forward_partial_device, forward_apply_device};
+constexpr DeviceHooks<FusedBackward> kBackwardDevice{backward_partial_device,
+                                                     backward_apply_device};
+#else
+constexpr DeviceHooks<FusedForward> kForwardDevice{};
+constexpr DeviceHooks<FusedBackward> kBackwardDevice{};
+#endif
 
 void agree_common(PackedCall& call, const TensorView& x, int64_t rows, bool centered, double alpha,
                   const TensorView& gamma, const NormOptions& opt) {
@@ -118,7 +147,11 @@ class FusedBackwardOp final : public SpecOf<FusedBackward> {
   }
   PayloadSize payload() const override {
     const RowBackward& n = args_.norm.a;
-    return {n.stat_values(), static_cast<double>(n.g.h)};
+    PayloadSize p{n.stat_values(), static_cast<double>(n.g.h)};
+#ifdef TPNORM_WITH_CUDA
+    p.device_scratch = row_backward_scratch_cuda(args_.norm);
+#endif
+    return p;
   }
   void partial(PackedCall& call) override {
     const RowBackwardCall& n = args_.norm;
@@ -140,13 +173,14 @@ class FusedBackwardOp final : public SpecOf<FusedBackward> {
 
 void fused_forward(const char* name, Communicator& comm, const TensorView& x, const TensorView& f,
                    double alpha, const RowForward& norm, const NormOptions& opt) {
-  FusedForwardOp op(name, opt, {x, f, alpha, {norm, opt, {opt.num_threads}}});
+  FusedForwardOp op(name, opt, {x, f, alpha, {norm, opt, {opt.num_threads}}}, kForwardDevice);
   run_op(comm, op);
 }
 
 void fused_backward(const char* name, Communicator& comm, const TensorView& dh_extra, double alpha,
                     const TensorView& dx, const RowBackward& norm, const NormOptions& opt) {
-  FusedBackwardOp op(name, opt, {dh_extra, dx, alpha, {norm, opt, {opt.num_threads}}});
+  FusedBackwardOp op(name, opt, {dh_extra, dx, alpha, {norm, opt, {opt.num_threads}}},
+                     kBackwardDevice);
   run_op(comm, op);
 }
 

@@ -12,6 +12,9 @@
 #include "common/dispatch.h"
 #include "kernels/cpu/group_norm.h"
 #include "ops/op_spec.h"
+#ifdef TPNORM_WITH_CUDA
+#include "ops/cuda/group_norm_cuda.h"
+#endif
 
 namespace tpnorm {
 namespace detail {
@@ -116,6 +119,46 @@ double checked_count(const PackedCall& call, const Grouping& grp, const char* op
   return count;
 }
 
+// Device hooks (ops/cuda): the same payload; the channel tiling is checked on device (the
+// host never reads the summed header), the naive count, which every rank agrees on, here.
+double device_count(const Grouping& grp, const char* op) {
+  const double count = static_cast<double>(grp.k.cpg) * static_cast<double>(grp.g.spatial);
+  check_naive_count(grp.opt.stats, count, op, "group");
+  return count;
+}
+#ifdef TPNORM_WITH_CUDA
+void forward_partial_device(PackedCall& call, DeviceCommunicator& dev, const GroupForward& a) {
+  group_forward_partial_cuda(call, dev, a.grp.k, a.grp.x, a.grp.opt);
+}
+void forward_apply_device(PackedCall& call, DeviceCommunicator& dev, const GroupForward& a) {
+  const Grouping& grp = a.grp;
+  group_forward_apply_cuda(call, dev, grp.k, grp.g.channels,
+                           device_count(grp, "group_norm_forward"), grp.x, grp.gamma, a.beta, a.y,
+                           a.mean, a.rstd, grp.opt);
+}
+void backward_partial_device(PackedCall& call, DeviceCommunicator& dev, const GroupBackward& a) {
+  group_backward_partial_cuda(call, dev, a.grp.k, a.dy, a.grp.x, a.grp.gamma, a.mean, a.rstd);
+}
+void backward_apply_device(PackedCall& call, DeviceCommunicator& dev, const GroupBackward& a) {
+  const Grouping& grp = a.grp;
+  group_backward_apply_cuda(call, dev, grp.k, grp.g.channels,
+                            device_count(grp, "group_norm_backward"), a.dy, grp.x, grp.gamma,
+                            a.mean, a.rstd, a.dx, a.dgamma, a.dbeta);
+}
+constexpr DeviceHooks<GroupForward> kForwardDevice{forward_partial_device, forward_apply_device};
+constexpr DeviceHooks<GroupBackward> kBackwardDevice{backward_partial_device,
+                                                     backward_apply_device};
+PayloadSize device_payload(const Grouping& grp) {
+  PayloadSize p = grouping_payload(grp);
+  p.device_scratch = group_scratch_cuda(grp.k);
+  return p;
+}
+#else
+constexpr DeviceHooks<GroupForward> kForwardDevice{};
+constexpr DeviceHooks<GroupBackward> kBackwardDevice{};
+PayloadSize device_payload(const Grouping& grp) { return grouping_payload(grp); }
+#endif
+
 class GroupForwardOp final : public SpecOf<GroupForward> {
  public:
   using SpecOf::SpecOf;
@@ -136,7 +179,7 @@ class GroupForwardOp final : public SpecOf<GroupForward> {
     call.agree("beta", args_.beta.present() ? 1 : 0);
     agree_grouping(call, args_.grp);
   }
-  PayloadSize payload() const override { return grouping_payload(args_.grp); }
+  PayloadSize payload() const override { return device_payload(args_.grp); }
   void partial(PackedCall& call) override {
     const Grouping& grp = args_.grp;
     dispatch_storage(grp.x.dtype, [&](auto t) {
@@ -182,7 +225,7 @@ class GroupBackwardOp final : public SpecOf<GroupBackward> {
     v.optional("dbeta", args_.dbeta, grp.g.c_local, grp.x.dtype);
   }
   void agree(PackedCall& call) const override { agree_grouping(call, args_.grp); }
-  PayloadSize payload() const override { return grouping_payload(args_.grp); }
+  PayloadSize payload() const override { return device_payload(args_.grp); }
   // This rank's dgamma / dbeta partial sums stay local (they are per local channel).
   void partial(PackedCall& call) override {
     const int64_t c_local = args_.grp.g.c_local;
@@ -246,7 +289,8 @@ ChannelGroups per_channel(const TensorView& x, ChannelGroups cg) {
 void group_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
                         const TensorView& gamma, const TensorView& beta, const TensorView& y,
                         const TensorView& mean, const TensorView& rstd, const NormOptions& opt) {
-  detail::GroupForwardOp op("group_norm_forward", opt, {{x, cg, gamma, opt}, beta, y, mean, rstd});
+  detail::GroupForwardOp op("group_norm_forward", opt, {{x, cg, gamma, opt}, beta, y, mean, rstd},
+                            detail::kForwardDevice);
   detail::run_op(comm, op);
 }
 
@@ -255,7 +299,8 @@ void group_norm_backward(Communicator& comm, const TensorView& dy, const TensorV
                          const TensorView& rstd, const TensorView& dx, const TensorView& dgamma,
                          const TensorView& dbeta, const NormOptions& opt) {
   detail::GroupBackwardOp op("group_norm_backward", opt,
-                             {{x, cg, gamma, opt}, dy, mean, rstd, dx, dgamma, dbeta});
+                             {{x, cg, gamma, opt}, dy, mean, rstd, dx, dgamma, dbeta},
+                             detail::kBackwardDevice);
   detail::run_op(comm, op);
 }
 

@@ -1,0 +1,32 @@
+// fused_cuda.cpp — see fused_cuda.h.
+#include "ops/cuda/fused_cuda.h"
+
+#include "common/cuda_check.h"
+#include "common/dispatch.h"
+#include "kernels/cuda/residual.h"
+
+namespace tpnorm::detail {
+
+void residual_add_cuda(DeviceCommunicator& dev, const TensorView& x, const TensorView& f,
+                       double alpha, const TensorView& h) {
+  DeviceGuard guard(dev.device_index());
+  dispatch_storage(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    kernels::cuda::residual_add<T>(x.shape.numel(), static_cast<const T*>(x.data),
+                                   static_cast<const T*>(f.data), static_cast<float>(alpha),
+                                   static_cast<T*>(h.data), dev.stream());
+  });
+}
+
+void residual_epilogue_cuda(DeviceCommunicator& dev, const TensorView& dh_extra, double alpha,
+                            const TensorView& df, const TensorView& dx) {
+  DeviceGuard guard(dev.device_index());
+  dispatch_storage(df.dtype, [&](auto t) {
+    using T = decltype(t);
+    kernels::cuda::residual_backward_epilogue<T>(
+        df.shape.numel(), static_cast<const T*>(dh_extra.data), static_cast<float>(alpha),
+        static_cast<T*>(df.data), static_cast<T*>(dx.data), dev.stream());
+  });
+}
+
+}  // namespace tpnorm::detail
