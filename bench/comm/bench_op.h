@@ -48,7 +48,9 @@ struct BenchOp {
 /// Every op the benchmark knows, in report order.
 const std::vector<BenchOp>& bench_ops();
 
-/// Values in the call header (README "One collective per call"): 10 with check_agreement, else 2.
-inline uint64_t header_values(bool check_agreement) { return check_agreement ? 10 : 2; }
+/// Values in the call header (README "One collective per call"), from the library.
+inline uint64_t header_values(bool check_agreement) {
+  return static_cast<uint64_t>(tpnorm::call_header_values(check_agreement));
+}
 
 }  // namespace tpnorm_bench

@@ -49,6 +49,10 @@ struct NormOptions {
   int num_threads = 0;           ///< CPU threads per rank; 0 = OpenMP's default
 };
 
+/// Values of the call header H that leads every call's collective (H above): 10 with
+/// check_agreement (and in strict calls, Communicator::set_strict_calls), 2 without.
+int call_header_values(bool check_agreement);
+
 /// LayerNorm forward.
 /// [in]  x      [rows, hidden_local]
 /// [in]  gamma  [hidden_local] or absent (= 1);  beta [hidden_local] or absent (= 0)

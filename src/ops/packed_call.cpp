@@ -11,6 +11,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "tpnorm/norm.h"
+
 namespace tpnorm::detail {
 namespace {
 
@@ -51,16 +53,10 @@ std::string get_text(const double* src, size_t cap) {
   return s;
 }
 
-thread_local PhaseTimes* t_phase_timer = nullptr;
-
 }  // namespace
 
-PhaseTimes* phase_timer() { return t_phase_timer; }
-void set_phase_timer(PhaseTimes* t) { t_phase_timer = t; }
-
 PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement)
-    : comm_(comm), op_(op), wire_(wire), check_(check_agreement), timer_(t_phase_timer) {
-  if (timer_) mark_ = std::chrono::steady_clock::now();
+    : comm_(comm), op_(op), wire_(wire), check_(check_agreement) {
   comm_.set_current_op(op);  // so that the watchdog can name the call
   agree("sequence", static_cast<double>(comm.next_sequence()));
   if (comm_.strict_now()) check_ = true;
@@ -70,17 +66,6 @@ PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool chec
     if (!dev_)
       fail(kNoDeviceStream);
   }
-}
-
-PackedCall::~PackedCall() {
-  if (timer_ && reduced_) timer_->apply += lap();
-}
-
-double PackedCall::lap() {
-  const auto now = std::chrono::steady_clock::now();
-  const double s = std::chrono::duration<double>(now - mark_).count();
-  mark_ = now;
-  return s;
 }
 
 void PackedCall::agree(const char* name, double value) {
@@ -147,8 +132,7 @@ void PackedCall::check_header(const void* base, DType as) {
 }
 
 void PackedCall::reduce() {
-  if (timer_) timer_->partial += lap();
-  if (dev_) return reduce_device();  // device calls are not timed beyond the enqueue
+  if (dev_) return reduce_device();
   if (bytes_.empty()) prepare(0, 0);
   void* base = bytes_.data();
   write_header(base, wire_);
@@ -161,11 +145,6 @@ void PackedCall::reduce() {
   } else {
     comm_.all_reduce_sum(base, header_values_ + payload_values_, wire_);
     check_header(base, wire_);
-  }
-  if (timer_) {
-    timer_->reduce += lap();
-    ++timer_->calls;
-    reduced_ = true;
   }
 }
 
@@ -280,3 +259,11 @@ void PackedCall::diagnose() {
 }
 
 }  // namespace tpnorm::detail
+
+namespace tpnorm {
+
+int call_header_values(bool check_agreement) {
+  return detail::call_header::header_values(check_agreement);
+}
+
+}  // namespace tpnorm

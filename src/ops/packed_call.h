@@ -24,7 +24,6 @@
 // payload, whose header the op's apply kernels check on device (see tpnorm/cuda.h).
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -32,7 +31,6 @@
 
 #include "comm/device_comm.h"
 #include "common/call_header.h"
-#include "ops/phase_timer.h"
 #include "tpnorm/communicator.h"
 #include "tpnorm/error.h"
 
@@ -57,8 +55,6 @@ class PackedCall {
 
   /// [in] op: a string literal naming the public call, e.g. "layer_norm_forward".
   PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement);
-  /// Closes the apply phase when a phase timer is on (the op's scope ends after its apply).
-  ~PackedCall();
   PackedCall(const PackedCall&) = delete;
   PackedCall& operator=(const PackedCall&) = delete;
 
@@ -125,10 +121,6 @@ class PackedCall {
   double local_count_ = 0;
   double global_count_ = 0;
   std::vector<double> bytes_;  // header + payload, 8-byte aligned storage for either W
-  PhaseTimes* timer_;          // nullptr unless the benchmark times phases
-  bool reduced_ = false;
-  std::chrono::steady_clock::time_point mark_;
-  double lap();  // seconds since mark_, and moves mark_ to now
   DeviceCommunicator* dev_ = nullptr;
   void* dev_base_ = nullptr;
   void* scratch_ = nullptr;
