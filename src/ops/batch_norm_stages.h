@@ -31,7 +31,7 @@ struct BnForward {
   TensorView x, gamma, beta, running_mean, running_var;
   int64_t* num_batches_tracked;
   TensorView y, save_mean, save_invstd;
-  const BatchNormOptions& opt;
+  BatchNormOptions opt;
   kernels::cpu::BatchNormArgs a = bn_geometry(x, opt);
   bool tracking = running_mean.present() || running_var.present();
   /// Training, or eval without running statistics: the call reduces batch statistics.
@@ -42,7 +42,7 @@ struct BnForward {
 
 struct BnBackward {
   TensorView dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta;
-  const BatchNormOptions& opt;
+  BatchNormOptions opt;
   kernels::cpu::BatchNormArgs a = bn_geometry(x, opt);
 };
 

@@ -119,7 +119,7 @@ class BatchedOp final : public OpSpec {
 
   const Item* items_;
   size_t count_;
-  const NormOptions& opt_;
+  NormOptions opt_;
   std::vector<typename Stages::Args> args_;
   std::vector<size_t> offsets_;  // of each item's statistics, in payload values
   size_t total_ = 0;

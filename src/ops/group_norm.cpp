@@ -57,7 +57,7 @@ struct Grouping {
   TensorView x;
   ChannelGroups cg;
   TensorView gamma;
-  const NormOptions& opt;
+  NormOptions opt;
   Geometry g = geometry(x, cg);
   kc::GroupNormArgs k = kernel_args(g, cg, opt.num_threads);
 };

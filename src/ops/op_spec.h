@@ -105,6 +105,9 @@ struct DeviceHooks {
 
 /// An OpSpec whose state is one `Args` (the call's views, options and geometry), with the
 /// device hooks as functions of it: a spec derives from SpecOf<Args> and fills the host hooks.
+/// Args holds views and options by value, so a spec stays valid after the public call's
+/// arguments are gone (what a split-phase start/finish needs); only the memory the views point
+/// to (and SyncBatchNorm's num_batches_tracked) must outlive the call.
 template <class Args>
 class SpecOf : public OpSpec {
  public:

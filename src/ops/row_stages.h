@@ -84,7 +84,7 @@ struct RowRun {
 template <class Tensor>
 struct RowCall {
   Tensor a;
-  const NormOptions& opt;
+  NormOptions opt;
   RowRun run;
 };
 using RowForwardCall = RowCall<RowForward>;

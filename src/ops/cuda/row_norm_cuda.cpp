@@ -14,8 +14,13 @@ namespace {
 
 namespace kcu = kernels::cuda;
 
-kcu::RowArgs forward_args(const RowForward& a, const DeviceCommunicator& dev) {
-  return {a.g.rows, a.g.h, a.centered, saved_dtype(a.mean, a.rstd) == DType::F64, dev.stream()};
+// fn(RowArgs, const T* x) with T the storage type of the call, on the communicator's device.
+template <class Fn>
+void forward_kernel(DeviceCommunicator& dev, const RowForward& a, Fn&& fn) {
+  DeviceGuard guard(dev.device_index());
+  const bool s64 = saved_dtype(a.mean, a.rstd) == DType::F64;
+  const kcu::RowArgs k{a.g.rows, a.g.h, a.centered, s64, dev.stream()};
+  dispatch_storage(a.x.dtype, [&](auto t) { fn(k, static_cast<const decltype(t)*>(a.x.data)); });
 }
 
 // The backward's inputs, typed: what its partial and apply kernels both read.
@@ -44,26 +49,20 @@ void backward_kernel(DeviceCommunicator& dev, const RowBackward& a, Fn&& fn) {
 }  // namespace
 
 void row_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
-  DeviceGuard guard(dev.device_index());
-  const RowForward& a = c.a;
-  dispatch_storage(a.x.dtype, [&](auto t) {
-    using T = decltype(t);
-    kcu::row_partial_forward<T>(forward_args(a, dev), static_cast<const T*>(a.x.data),
-                                c.opt.stats == Stats::kRobust, call.wire() == DType::F64,
-                                call.payload_data());
+  forward_kernel(dev, c.a, [&](const kcu::RowArgs& k, auto x) {
+    kcu::row_partial_forward(k, x, c.opt.stats == Stats::kRobust, call.wire() == DType::F64,
+                             call.payload_data());
   });
 }
 
 void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
-  DeviceGuard guard(dev.device_index());
   const RowForward& a = c.a;
-  dispatch_storage(a.x.dtype, [&](auto t) {
-    using T = decltype(t);
-    kcu::row_apply_forward<T>(forward_args(a, dev), static_cast<const T*>(a.x.data),
-                              static_cast<const T*>(a.gamma.data),
-                              static_cast<const T*>(a.beta.data), device_header(call, dev),
-                              c.opt.eps, static_cast<T*>(a.y.data),
-                              a.centered ? a.mean.data : nullptr, a.rstd.data, dev.error_word());
+  forward_kernel(dev, a, [&](const kcu::RowArgs& k, auto x) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+    kcu::row_apply_forward(k, x, static_cast<const T*>(a.gamma.data),
+                           static_cast<const T*>(a.beta.data), device_header(call, dev), c.opt.eps,
+                           static_cast<T*>(a.y.data), a.centered ? a.mean.data : nullptr,
+                           a.rstd.data, dev.error_word());
   });
 }
 
