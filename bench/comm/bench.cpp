@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
     const Row r = run_op(*op, f, *world, fits);
     if (rank == 0) {
       write_row(fields(r, f, P), f.csv, f.json);
-      write_plotdata(f.plotdata, r.op, r.op, P, r.total.at(0.5));
+      write_plotdata(f.plotdata, r.op, r.op, P, r.total);
       if (!r.bytes_ok)
         std::printf("# ERROR %s: bytes or collectives differ from the README formula\n",
                     r.op.c_str());

@@ -32,8 +32,8 @@ bool known_strategies(const std::string& list, std::string& bad) {
 }  // namespace
 
 void print_help(std::FILE* out) {
-  std::fprintf(out, R"(usage: tpnorm_bench [FLAGS]   (run under mpirun; ./launch/tpnorm bench runs one job per
-                              world size, see README "Benchmark")
+  std::fprintf(out, R"(usage: tpnorm_bench [FLAGS]
+  (run under mpirun; ./launch/tpnorm bench runs one job per world size, see README "Benchmark")
 op mode (default): tpnorm's own ops, bytes and collectives checked against the README formula
   --op NAME          layernorm, rmsnorm, syncbn or all (default all)
   --dtype T          fp32, fp16 or bf16 (default fp32)

@@ -100,8 +100,8 @@ class SyncBnCase : public BenchCase {
                                     rt);
   }
 
-  // README "One collective per call": forward C x 2 values + count, backward C x 2 values. The forward's count is the
-  // call header's element count (README: "2 x C values + header" both ways).
+  // README "One collective per call": forward C x 2 values + count, backward C x 2 values. The
+  // forward's count is the call header's element count ("2 x C values + header" both ways).
   uint64_t payload_values(bool) const override { return 2 * static_cast<uint64_t>(C_); }
 
  private:

@@ -1,13 +1,15 @@
 # plot.gp — the benchmark's chart (gnuplot; run by `./launch/tpnorm bench --plot`).
-# Variables from -e: points (measured rows: name|label|world|total_us), proj (the projection
-# CSV: name,topology,algo,world,comm_us), out (the PNG).
+# Variables from -e: points (measured rows: name|label|world|median_us|min_us), proj (the
+# projection CSV: name,topology,algo,world,comm_us), out (the PNG), stat ("median" or "min":
+# which of the step's times over the iterations the left panel shows).
 # Left: measured time per step against world size, one line per strategy (or op). Right: the
 # projected communication time per step on the hierarchical preset (nodes of 8 on NVLink 4,
 # NDR InfiniBand between nodes), one line per strategy, same colours; dashed, the first one on
 # a flat ring over the network (every rank its own node), the model the old projection used.
 set terminal pngcairo size 1500,620 font ",11" noenhanced
 set output out
-set multiplot layout 1,2 title "tpnorm bench: time per step (forward + backward) of one sharded norm"
+set multiplot layout 1,2 \
+    title "tpnorm bench: time per step (forward + backward) of one sharded norm"
 
 # The points sorted by name, then world size, so that each line is drawn without gaps.
 sorted = "< sort -t'|' -k1,1 -k3,3n '".points."'"
@@ -21,7 +23,9 @@ set style line 4 lc rgb "#e7298a" lw 2.5 pt 11 ps 1.6
 set style line 5 lc rgb "#666666" lw 2.5 pt 13 ps 1.4
 
 set datafile separator "|"
-set title "measured on this machine (median, slowest rank)"
+scol = (stat eq "min" ? 5 : 4)
+set title sprintf("measured on this machine (%s over iterations of the slowest rank's step)", \
+                  stat eq "min" ? "fastest" : "median")
 set xlabel "world size P (ranks)"
 set ylabel "time per step (us)"
 set logscale xy
@@ -29,7 +33,7 @@ set xtics (1, 2, 4, 8, 16, 32, 64)
 set xrange [0.85:pmax * 1.2]
 set grid
 set key bottom right box opaque font ",10" spacing 1.2
-plot for [i = 1:words(names)] sorted using 3:(strcol(1) eq word(names, i) ? $4 : NaN) \
+plot for [i = 1:words(names)] sorted using 3:(strcol(1) eq word(names, i) ? column(scol) : NaN) \
      title label(word(names, i)) with linespoints ls i
 
 set datafile separator ","

@@ -45,10 +45,11 @@ void project(const std::vector<Projected>& items, const Fits& fits, int fitted_a
 }
 
 void write_plotdata(const std::string& path, const std::string& name, const std::string& label,
-                    int P, double seconds) {
+                    int P, const Series& total) {
   if (path.empty()) return;
   std::FILE* out = open_append(path);
-  std::fprintf(out, "%s|%s|%d|%.4f\n", name.c_str(), label.c_str(), P, seconds * 1e6);
+  std::fprintf(out, "%s|%s|%d|%.4f|%.4f\n", name.c_str(), label.c_str(), P, total.at(0.5) * 1e6,
+               total.at(0) * 1e6);
   std::fclose(out);
 }
 

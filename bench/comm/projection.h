@@ -24,8 +24,8 @@ struct Projected {
 void project(const std::vector<Projected>& items, const Fits& fits, int fitted_at,
              const std::string& csv);
 
-/// Appends one measured point for the plot: name|label|world|total_us.
+/// Appends one measured point for the plot: name|label|world|median_us|min_us of the step.
 void write_plotdata(const std::string& path, const std::string& name, const std::string& label,
-                    int P, double seconds);
+                    int P, const Series& total);
 
 }  // namespace tpnorm_bench

@@ -148,13 +148,14 @@ int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits
     const StrategyRow r = run_one(*s, f, world, fits);
     if (rank == 0) {
       write_row(fields(*s, r, f, P), f.csv, f.json);
-      write_plotdata(f.plotdata, s->name, s->label, P, r.total.at(0.5));
+      write_plotdata(f.plotdata, s->name, s->label, P, r.total);
       if (!r.traffic_ok)
         std::printf("# ERROR %s: collectives or bytes differ from the strategy's plan\n", s->name);
       std::fflush(stdout);
     }
     const BenchConfig cfg = f.cfg;
-    projected.push_back({s->name, [s, cfg](int Pp, bool fwd) { return s->plan(cfg, Pp, -1, fwd); }});
+    projected.push_back(
+        {s->name, [s, cfg](int Pp, bool fwd) { return s->plan(cfg, Pp, -1, fwd); }});
     errors += (r.wrong != 0) + !r.traffic_ok;
   }
   if (rank == 0 && f.project) project(projected, fits, P, f.proj);
