@@ -2,6 +2,8 @@
 // become TensorViews, exceptions become status codes plus a per-thread message.
 #include "tpnorm/c_api.h"
 
+#include "capi/c_api_common.h"
+
 #include <mpi.h>
 
 #include <cstddef>
@@ -16,37 +18,23 @@
 #include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
 
-struct tpnorm_comm_s {
-  std::unique_ptr<tpnorm::Communicator> impl;
-};
+namespace {
+thread_local std::string last_error;
+}  // namespace
+
+tpnorm_status_t tpnorm::capi::fail(tpnorm_status_t s, const std::string& what) {
+  last_error = what;
+  return s;
+}
 
 namespace {
 
 using tpnorm::DType;
 using tpnorm::Shape;
 using tpnorm::TensorView;
-
-thread_local std::string last_error;
-
-tpnorm_status_t fail(tpnorm_status_t s, const std::string& what) {
-  last_error = what;
-  return s;
-}
-
-// Runs fn, turning whatever it throws into a status; nothing escapes into C.
-template <class Fn>
-tpnorm_status_t guarded(Fn&& fn) {
-  try {
-    fn();
-    return TPNORM_SUCCESS;
-  } catch (const tpnorm::Error& e) {
-    return fail(static_cast<tpnorm_status_t>(e.code()), e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(TPNORM_INTERNAL, "tpnorm: out of memory");
-  } catch (const std::exception& e) {
-    return fail(TPNORM_INTERNAL, e.what());
-  }
-}
+using tpnorm::capi::fail;
+using tpnorm::capi::get;
+using tpnorm::capi::guarded;
 
 // Options structs: the fields the caller's struct has (its `size`) are read, the rest keep
 // their defaults. A struct that was never initialised becomes eps = NaN: the call still reaches
@@ -114,24 +102,23 @@ int64_t channels(const Shape& s, const tpnorm::BatchNormOptions& o) {
 
 // A required argument is always a present view (the validators reject NULL data only when it
 // has elements, so an empty shard may pass NULL); an optional one is absent when NULL.
+// The pointers are in the communicator's memory: host memory for host communicators, the
+// GPU's for device ones (tpnorm/c_api_cuda.h). Each entry point that builds views names its
+// communicator first (ViewsOn), so that req() / maybe() know where the pointers live.
+thread_local tpnorm::Device t_view_device = tpnorm::Device::cpu();
+struct ViewsOn {
+  explicit ViewsOn(tpnorm_comm_t c) : prev(t_view_device) { t_view_device = get(c)->device(); }
+  ~ViewsOn() { t_view_device = prev; }
+  tpnorm::Device prev;
+};
+
 TensorView req(const void* p, tpnorm_dtype_t t, Shape s) {
-  return TensorView(p, static_cast<DType>(t), s);
+  return TensorView(p, static_cast<DType>(t), s, t_view_device);
 }
 TensorView maybe(const void* p, tpnorm_dtype_t t, Shape s) {
   return p ? req(p, t, s) : TensorView();
 }
 
-tpnorm::Communicator* get(tpnorm_comm_t c) {
-  if (!c || !c->impl)
-    throw tpnorm::Error(tpnorm::ErrorCode::kInvalidArgument, "tpnorm: null communicator");
-  return c->impl.get();
-}
-
-tpnorm_status_t create(tpnorm_comm_t* out, std::unique_ptr<tpnorm::Communicator> (*make)(int),
-                       int arg) {
-  if (!out) return fail(TPNORM_INVALID_ARGUMENT, "tpnorm: 'out' is null");
-  return guarded([&] { *out = new tpnorm_comm_s{make(arg)}; });
-}
 
 }  // namespace
 
@@ -156,13 +143,12 @@ const char* tpnorm_status_string(tpnorm_status_t s) {
 }
 
 tpnorm_status_t tpnorm_comm_create_mpi_fortran(int fortran_comm, tpnorm_comm_t* out) {
-  return create(
-      out, [](int f) { return tpnorm::make_mpi_communicator(MPI_Comm_f2c(f)); }, fortran_comm);
+  return tpnorm::capi::create(
+      out, [&] { return tpnorm::make_mpi_communicator(MPI_Comm_f2c(fortran_comm)); });
 }
 
 tpnorm_status_t tpnorm_comm_create_single(tpnorm_comm_t* out) {
-  return create(
-      out, [](int) { return tpnorm::make_single_communicator(); }, 0);
+  return tpnorm::capi::create(out, [] { return tpnorm::make_single_communicator(); });
 }
 
 tpnorm_status_t tpnorm_comm_destroy(tpnorm_comm_t comm) {
@@ -184,6 +170,7 @@ tpnorm_status_t tpnorm_layer_norm_forward(tpnorm_comm_t comm, tpnorm_dtype_t dty
                                           const void* beta, void* y, tpnorm_dtype_t sd, void* mean,
                                           void* rstd, const tpnorm_norm_options_t* opt) {
   return guarded([&] {
+    const ViewsOn on(comm);
     tpnorm::layer_norm_forward(*get(comm), req(x, dtype, {rows, h}), maybe(gamma, dtype, {h}),
                                maybe(beta, dtype, {h}), req(y, dtype, {rows, h}),
                                maybe(mean, sd, {rows}), maybe(rstd, sd, {rows}), options(opt));
@@ -196,6 +183,7 @@ tpnorm_status_t tpnorm_layer_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dt
                                            const void* rstd, void* dx, void* dgamma, void* dbeta,
                                            const tpnorm_norm_options_t* opt) {
   return guarded([&] {
+    const ViewsOn on(comm);
     tpnorm::layer_norm_backward(*get(comm), req(dy, dtype, {rows, h}), req(x, dtype, {rows, h}),
                                 maybe(gamma, dtype, {h}), maybe(mean, sd, {rows}),
                                 maybe(rstd, sd, {rows}), req(dx, dtype, {rows, h}),
@@ -208,6 +196,7 @@ tpnorm_status_t tpnorm_rms_norm_forward(tpnorm_comm_t comm, tpnorm_dtype_t dtype
                                         tpnorm_dtype_t sd, void* rstd,
                                         const tpnorm_norm_options_t* opt) {
   return guarded([&] {
+    const ViewsOn on(comm);
     tpnorm::rms_norm_forward(*get(comm), req(x, dtype, {rows, h}), maybe(gamma, dtype, {h}),
                              req(y, dtype, {rows, h}), maybe(rstd, sd, {rows}), options(opt));
   });
@@ -218,6 +207,7 @@ tpnorm_status_t tpnorm_rms_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtyp
                                          const void* gamma, tpnorm_dtype_t sd, const void* rstd,
                                          void* dx, void* dgamma, const tpnorm_norm_options_t* opt) {
   return guarded([&] {
+    const ViewsOn on(comm);
     tpnorm::rms_norm_backward(*get(comm), req(dy, dtype, {rows, h}), req(x, dtype, {rows, h}),
                               maybe(gamma, dtype, {h}), maybe(rstd, sd, {rows}),
                               req(dx, dtype, {rows, h}), maybe(dgamma, dtype, {h}), options(opt));
@@ -230,6 +220,7 @@ tpnorm_status_t tpnorm_sync_batch_norm_forward(
     int64_t* num_batches_tracked, void* y, void* save_mean, void* save_invstd,
     const tpnorm_batch_norm_options_t* opt) {
   return guarded([&] {
+    const ViewsOn on(comm);
     const tpnorm::BatchNormOptions o = options(opt);
     const Shape s = shape_of(ndim, shape);
     const int64_t C = channels(s, o);
@@ -247,6 +238,7 @@ tpnorm_status_t tpnorm_sync_batch_norm_backward(
     const void* save_invstd, void* dx, void* dgamma, void* dbeta,
     const tpnorm_batch_norm_options_t* opt) {
   return guarded([&] {
+    const ViewsOn on(comm);
     const tpnorm::BatchNormOptions o = options(opt);
     const Shape s = shape_of(ndim, shape);
     const int64_t C = channels(s, o);
