@@ -13,6 +13,11 @@
 #include "common/dispatch.h"
 #include "ops/op_spec.h"
 #include "ops/row_stages.h"
+#ifdef TPNORM_WITH_CUDA
+#include "kernels/cuda/call_header.h"
+#include "ops/cuda/device_call.h"
+#include "ops/cuda/row_norm_cuda.h"
+#endif
 
 namespace tpnorm {
 namespace detail {
@@ -34,6 +39,17 @@ struct ForwardStages {
   static void apply(const Args& a, DType wire, void* s, double n, const NormOptions& opt) {
     row_forward_apply(a, wire, s, n, opt.eps, {opt.num_threads});
   }
+#ifdef TPNORM_WITH_CUDA
+  static size_t scratch_device(const Args&) { return 0; }
+  static void partial_device(DeviceCommunicator& dev, const Args& a, bool w64, void* s,
+                             const NormOptions& opt) {
+    row_forward_partial_at(dev, a, opt.stats, w64, s);
+  }
+  static void apply_device(DeviceCommunicator& dev, const Args& a,
+                           const kernels::cuda::Header& hd, void*, const NormOptions& opt) {
+    row_forward_apply_at(dev, a, opt.eps, hd);
+  }
+#endif
 };
 
 struct BackwardStages {
@@ -51,6 +67,17 @@ struct BackwardStages {
   static void apply(const Args& a, DType wire, void* s, double n, const NormOptions& opt) {
     row_backward_apply(a, wire, s, n, {opt.num_threads});
   }
+#ifdef TPNORM_WITH_CUDA
+  static size_t scratch_device(const Args& a) { return row_backward_scratch_at(a); }
+  static void partial_device(DeviceCommunicator& dev, const Args& a, bool w64, void* s,
+                             const NormOptions&) {
+    row_backward_partial_at(dev, a, w64, s);
+  }
+  static void apply_device(DeviceCommunicator& dev, const Args& a,
+                           const kernels::cuda::Header& hd, void* scratch, const NormOptions&) {
+    row_backward_apply_at(dev, a, hd, scratch);
+  }
+#endif
 };
 
 template <class Item, class Stages>
@@ -66,6 +93,10 @@ class BatchedOp final : public OpSpec {
       args_.push_back(Stages::args(items[i]));
       offsets_.push_back(total_);
       total_ += args_.back().stat_values();
+#ifdef TPNORM_WITH_CUDA
+      scratch_at_.push_back(scratch_);
+      scratch_ += (Stages::scratch_device(args_.back()) + 255) / 256 * 256;
+#endif
     }
   }
 
@@ -92,7 +123,13 @@ class BatchedOp final : public OpSpec {
     call.agree("stats", static_cast<double>(opt_.stats));
     if (Stages::kForward) call.agree("eps", opt_.eps);
   }
-  PayloadSize payload() const override { return {total_, 0}; }
+  PayloadSize payload() const override {
+    PayloadSize p{total_, 0};
+#ifdef TPNORM_WITH_CUDA
+    p.device_scratch = scratch_;
+#endif
+    return p;
+  }
 
   void partial(PackedCall& call) override {
     for (size_t i = 0; i < args_.size(); ++i) {
@@ -112,6 +149,34 @@ class BatchedOp final : public OpSpec {
     }
   }
 
+#ifdef TPNORM_WITH_CUDA
+  // On device: the same payload; each item's apply kernels read its own count slot and
+  // statistics slice (Header::count_at / payload_at) and its own slice of the scratch.
+  bool has_device_kernels() const override { return true; }
+  void partial_device(PackedCall& call, DeviceCommunicator& dev) override {
+    const bool w64 = call.wire() == DType::F64;
+    std::vector<double> cols(args_.size());
+    for (size_t i = 0; i < args_.size(); ++i) cols[i] = static_cast<double>(args_[i].g.h);
+    {
+      DeviceGuard guard(dev.device_index());
+      kernels::cuda::write_values(call.payload_data(), w64, cols.data(),
+                                  static_cast<int64_t>(cols.size()), dev.stream());
+    }
+    for (size_t i = 0; i < args_.size(); ++i)
+      Stages::partial_device(dev, args_[i], w64, at(call, offsets_[i]), opt_);
+  }
+  void apply_device(PackedCall& call, DeviceCommunicator& dev) override {
+    const kernels::cuda::Header whole = device_header(call, dev);
+    char* scratch = static_cast<char*>(call.scratch());
+    for (size_t i = 0; i < args_.size(); ++i) {
+      kernels::cuda::Header hd = whole;
+      hd.count_at = static_cast<int>(call.header_values() + i);
+      hd.payload_at = static_cast<int64_t>(call.header_values() + offsets_[i]);
+      Stages::apply_device(dev, args_[i], hd, scratch ? scratch + scratch_at_[i] : nullptr, opt_);
+    }
+  }
+#endif
+
  private:
   static void* at(PackedCall& call, size_t value) {
     return static_cast<char*>(call.payload_data()) + value * dtype_size(call.wire());
@@ -123,6 +188,10 @@ class BatchedOp final : public OpSpec {
   std::vector<typename Stages::Args> args_;
   std::vector<size_t> offsets_;  // of each item's statistics, in payload values
   size_t total_ = 0;
+#ifdef TPNORM_WITH_CUDA
+  std::vector<size_t> scratch_at_;  // of each item's device scratch, in bytes
+  size_t scratch_ = 0;
+#endif
 };
 
 }  // namespace

@@ -143,9 +143,6 @@ __device__ __forceinline__ bool call_ok(const Header& hd, bool need_two, double*
   return header_ok(hd, n) && (!need_two || *n > 1);
 }
 
-__device__ __forceinline__ const void* payload_of(const Header& hd) {
-  return static_cast<const char*>(hd.base) + hd.values * (hd.w64 ? 8 : 4);
-}
 
 // consts: head[c], tail[c], scale[c], shift[c].
 template <class T>

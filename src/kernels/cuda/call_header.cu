@@ -34,4 +34,12 @@ void write_header(void* base, bool w64, const double* header, int nh, size_t zer
          static_cast<cudaStream_t>(stream), base, w64, hv, nh, zeros);
 }
 
+void write_values(void* base, bool w64, const double* values, int64_t n, void* stream) {
+  constexpr int kPer = detail::call_header::kFullValues;
+  char* p = static_cast<char*>(base);
+  for (int64_t i = 0; i < n; i += kPer)
+    write_header(p + i * (w64 ? 8 : 4), w64, values + i,
+                 static_cast<int>(std::min<int64_t>(kPer, n - i)), 0, stream);
+}
+
 }  // namespace tpnorm::kernels::cuda

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace tpnorm::kernels::cuda {
 
@@ -15,6 +16,11 @@ struct Header {
   int values = 2;              ///< header length in wire values (call_header::header_values)
   int ranks = 1;               ///< P, for the fingerprint check P * sum(c^2) == sum(c)^2
   bool w64 = true;             ///< wire type double (robust) or float (naive)
+  /// Where this op's count and payload are, in wire values from base; -1: the call's own
+  /// (call_header::kCountIndex, and right after the header). A batched call gives each item
+  /// its summed column count slot and its statistics slice.
+  int count_at = -1;
+  int64_t payload_at = -1;
 };
 
 /// Enqueues on `stream` (a cudaStream_t) the write of `nh` header values (given as doubles,
@@ -23,5 +29,10 @@ struct Header {
 /// captured graph replays them. Throws tpnorm::Error if the launch fails.
 void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
                   void* stream);
+
+/// Enqueues the write of n values (given as doubles; a host array read now, before the call
+/// returns) in the wire type at `base`, e.g. a batched call's per-item counts. Graph-safe as
+/// write_header: the values travel as kernel arguments.
+void write_values(void* base, bool w64, const double* values, int64_t n, void* stream);
 
 }  // namespace tpnorm::kernels::cuda

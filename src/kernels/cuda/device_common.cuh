@@ -107,9 +107,15 @@ __device__ __forceinline__ bool header_ok(const Header& hd, double* n) {
     const double s2 = load_fd(hd.base, ch::kBaseValues + 2 * i + 1, hd.w64);
     if (static_cast<double>(hd.ranks) * s2 != s1 * s1) bad = true;
   }
-  *n = load_fd(hd.base, ch::kCountIndex, hd.w64);
+  *n = load_fd(hd.base, hd.count_at >= 0 ? hd.count_at : ch::kCountIndex, hd.w64);
   if (!hd.w64 && *n >= ch::kFloatCountLimit) bad = true;  // float counts stop being exact
   return !bad;
+}
+
+// The op's payload (its statistics) in the summed buffer.
+__device__ __forceinline__ const void* payload_of(const Header& hd) {
+  const int64_t at = hd.payload_at >= 0 ? hd.payload_at : hd.values;
+  return static_cast<const char*>(hd.base) + at * (hd.w64 ? 8 : 4);
 }
 
 // Marks the call failed (any thread may call; one write wins, the value is the same).

@@ -77,9 +77,6 @@ __device__ __forceinline__ bool group_call_ok(const GroupArgs& a, const Header& 
   return header_ok(hd, &n) && n == static_cast<double>(a.channels);
 }
 
-__device__ __forceinline__ const void* payload_of(const Header& hd) {
-  return static_cast<const char*>(hd.base) + hd.values * (hd.w64 ? 8 : 4);
-}
 
 // consts[2k] = mean, consts[2k+1] = rstd of slot k (double); saved statistics.
 __global__ void slot_stats(GroupArgs a, Header hd, double count, double eps, double* consts,

@@ -89,8 +89,7 @@ __global__ void __launch_bounds__(256)
   const int64_t r = row_of(g);
   if (r >= g.rows) return;
   const int lane = threadIdx.x % g.tpr;
-  const size_t wsz = hd.w64 ? 8 : 4;
-  const void* pay = static_cast<const char*>(hd.base) + hd.values * wsz;
+  const void* pay = payload_of(hd);
   double mu, var, rs_w;
   if (hd.w64) {
     row_moments<double>(pay, r, centered, n, mu, var);
@@ -171,8 +170,7 @@ __global__ void __launch_bounds__(256)
   const int64_t r = row_of(g);
   if (r >= g.rows) return;
   const int lane = threadIdx.x % g.tpr;
-  const size_t wsz = hd.w64 ? 8 : 4;
-  const void* pay = static_cast<const char*>(hd.base) + hd.values * wsz;
+  const void* pay = payload_of(hd);
   const int64_t k1 = centered ? 2 * r + 1 : r;
   float c1, c2;
   if (hd.w64) {

@@ -48,46 +48,63 @@ void backward_kernel(DeviceCommunicator& dev, const RowBackward& a, Fn&& fn) {
 
 }  // namespace
 
-void row_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
-  forward_kernel(dev, c.a, [&](const kcu::RowArgs& k, auto x) {
-    kcu::row_partial_forward(k, x, c.opt.stats == Stats::kRobust, call.wire() == DType::F64,
-                             call.payload_data());
+void row_forward_partial_at(DeviceCommunicator& dev, const RowForward& a, Stats stats, bool w64,
+                            void* payload) {
+  forward_kernel(dev, a, [&](const kcu::RowArgs& k, auto x) {
+    kcu::row_partial_forward(k, x, stats == Stats::kRobust, w64, payload);
   });
 }
 
-void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
-  const RowForward& a = c.a;
+void row_forward_apply_at(DeviceCommunicator& dev, const RowForward& a, double eps,
+                          const kcu::Header& hd) {
   forward_kernel(dev, a, [&](const kcu::RowArgs& k, auto x) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
     kcu::row_apply_forward(k, x, static_cast<const T*>(a.gamma.data),
-                           static_cast<const T*>(a.beta.data), device_header(call, dev), c.opt.eps,
-                           static_cast<T*>(a.y.data), a.centered ? a.mean.data : nullptr,
-                           a.rstd.data, dev.error_word());
+                           static_cast<const T*>(a.beta.data), hd, eps, static_cast<T*>(a.y.data),
+                           a.centered ? a.mean.data : nullptr, a.rstd.data, dev.error_word());
   });
 }
 
-size_t row_backward_scratch_cuda(const RowBackwardCall& c) {
-  const bool params = c.a.dgamma.present() || (c.a.centered && c.a.dbeta.present());
-  return kcu::row_norm_scratch_bytes(c.a.g.rows, c.a.g.h, params);
+size_t row_backward_scratch_at(const RowBackward& a) {
+  const bool params = a.dgamma.present() || (a.centered && a.dbeta.present());
+  return kcu::row_norm_scratch_bytes(a.g.rows, a.g.h, params);
 }
+
+void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64,
+                             void* payload) {
+  backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
+    kcu::row_partial_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, w64, payload);
+  });
+}
+
+void row_backward_apply_at(DeviceCommunicator& dev, const RowBackward& a, const kcu::Header& hd,
+                           void* scratch) {
+  backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(in.x)>>;
+    kcu::row_apply_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, hd,
+                            static_cast<T*>(a.dx.data), static_cast<T*>(a.dgamma.data),
+                            a.centered ? static_cast<T*>(a.dbeta.data) : nullptr, scratch,
+                            dev.error_word());
+  });
+}
+
+void row_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
+  row_forward_partial_at(dev, c.a, c.opt.stats, call.wire() == DType::F64, call.payload_data());
+}
+
+void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
+  row_forward_apply_at(dev, c.a, c.opt.eps, device_header(call, dev));
+}
+
+size_t row_backward_scratch_cuda(const RowBackwardCall& c) { return row_backward_scratch_at(c.a); }
 
 void row_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
                                const RowBackwardCall& c) {
-  backward_kernel(dev, c.a, [&](const kcu::RowArgs& k, auto in) {
-    kcu::row_partial_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, call.wire() == DType::F64,
-                              call.payload_data());
-  });
+  row_backward_partial_at(dev, c.a, call.wire() == DType::F64, call.payload_data());
 }
 
 void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c) {
-  const RowBackward& a = c.a;
-  backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(in.x)>>;
-    kcu::row_apply_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, device_header(call, dev),
-                            static_cast<T*>(a.dx.data), static_cast<T*>(a.dgamma.data),
-                            a.centered ? static_cast<T*>(a.dbeta.data) : nullptr, call.scratch(),
-                            dev.error_word());
-  });
+  row_backward_apply_at(dev, c.a, device_header(call, dev), call.scratch());
 }
 
 }  // namespace tpnorm::detail
