@@ -14,11 +14,9 @@
 
 #include "common/dispatch.h"
 #include "ops/batch_norm_stages.h"
+#include "ops/device_hooks.h"
 #include "ops/op_spec.h"
 #include "tpnorm/batch_norm.h"
-#ifdef TPNORM_WITH_CUDA
-#include "ops/cuda/batch_norm_cuda.h"
-#endif
 
 namespace tpnorm {
 namespace detail {
@@ -26,13 +24,10 @@ namespace {
 
 namespace kc = kernels::cpu;
 
-#ifdef TPNORM_WITH_CUDA
-constexpr DeviceHooks<BnForward> kForwardDevice{bn_forward_partial_cuda, bn_forward_apply_cuda};
-constexpr DeviceHooks<BnBackward> kBackwardDevice{bn_backward_partial_cuda, bn_backward_apply_cuda};
-#else
-constexpr DeviceHooks<BnForward> kForwardDevice{};
-constexpr DeviceHooks<BnBackward> kBackwardDevice{};
-#endif
+constexpr DeviceHooks<BnForward> kForwardDevice =
+    TPNORM_DEVICE_HOOKS(bn_forward_partial_cuda, bn_forward_apply_cuda);
+constexpr DeviceHooks<BnBackward> kBackwardDevice =
+    TPNORM_DEVICE_HOOKS(bn_backward_partial_cuda, bn_backward_apply_cuda);
 
 // x: [N, C, *spatial] or [N, *spatial, C] of a storage dtype.
 void check_x(Validator& v, const TensorView& x) {

@@ -8,12 +8,9 @@
 
 #include "common/dispatch.h"
 #include "kernels/cpu/residual.h"
+#include "ops/device_hooks.h"
 #include "ops/op_spec.h"
 #include "ops/row_stages.h"
-#ifdef TPNORM_WITH_CUDA
-#include "ops/cuda/fused_cuda.h"
-#include "ops/cuda/row_norm_cuda.h"
-#endif
 
 namespace tpnorm {
 namespace detail {
@@ -51,13 +48,11 @@ void backward_apply_device(PackedCall& call, DeviceCommunicator& dev, const Fuse
   row_backward_apply_cuda(call, dev, a.norm);
   residual_epilogue_cuda(dev, a.dh_extra, a.alpha, a.norm.a.dx, a.dx);
 }
-constexpr DeviceHooks<FusedForward> kForwardDevice{forward_partial_device, forward_apply_device};
-constexpr DeviceHooks<FusedBackward> kBackwardDevice{backward_partial_device,
-                                                     backward_apply_device};
-#else
-constexpr DeviceHooks<FusedForward> kForwardDevice{};
-constexpr DeviceHooks<FusedBackward> kBackwardDevice{};
 #endif
+constexpr DeviceHooks<FusedForward> kForwardDevice =
+    TPNORM_DEVICE_HOOKS(forward_partial_device, forward_apply_device);
+constexpr DeviceHooks<FusedBackward> kBackwardDevice =
+    TPNORM_DEVICE_HOOKS(backward_partial_device, backward_apply_device);
 
 void agree_common(PackedCall& call, const TensorView& x, int64_t rows, bool centered, double alpha,
                   const TensorView& gamma, const NormOptions& opt) {

@@ -11,10 +11,8 @@
 
 #include "common/dispatch.h"
 #include "kernels/cpu/group_norm.h"
+#include "ops/device_hooks.h"
 #include "ops/op_spec.h"
-#ifdef TPNORM_WITH_CUDA
-#include "ops/cuda/group_norm_cuda.h"
-#endif
 
 namespace tpnorm {
 namespace detail {
@@ -107,34 +105,32 @@ PayloadSize grouping_payload(const Grouping& grp) {
   return {static_cast<size_t>(grp.g.ng * 2), static_cast<double>(grp.g.c_local)};
 }
 
-// After the reduce: checks the tiling and the naive mode's count; the elements per group.
+// Elements per group, checked against the naive mode's limit (every rank agrees on it).
+double group_count(const Grouping& grp, const char* op) {
+  const double count = static_cast<double>(grp.k.cpg) * static_cast<double>(grp.g.spatial);
+  check_naive_count(grp.opt.stats, count, op, "group");
+  return count;
+}
+
+// After the reduce on the host: the ranks' channel slices must tile [0, C). (The device hooks
+// check the tiling on device, where the summed header is, and take group_count directly.)
 double checked_count(const PackedCall& call, const Grouping& grp, const char* op) {
   if (call.global_count() != static_cast<double>(grp.g.channels))
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("tpnorm: ") + op + ": the ranks' channel slices hold " +
                     std::to_string(static_cast<int64_t>(call.global_count())) +
                     " channels in all, expected " + std::to_string(grp.g.channels));
-  const double count = static_cast<double>(grp.k.cpg) * static_cast<double>(grp.g.spatial);
-  check_naive_count(grp.opt.stats, count, op, "group");
-  return count;
+  return group_count(grp, op);
 }
 
-// Device hooks (ops/cuda): the same payload; the channel tiling is checked on device (the
-// host never reads the summed header), the naive count, which every rank agrees on, here.
-double device_count(const Grouping& grp, const char* op) {
-  const double count = static_cast<double>(grp.k.cpg) * static_cast<double>(grp.g.spatial);
-  check_naive_count(grp.opt.stats, count, op, "group");
-  return count;
-}
 #ifdef TPNORM_WITH_CUDA
 void forward_partial_device(PackedCall& call, DeviceCommunicator& dev, const GroupForward& a) {
   group_forward_partial_cuda(call, dev, a.grp.k, a.grp.x, a.grp.opt);
 }
 void forward_apply_device(PackedCall& call, DeviceCommunicator& dev, const GroupForward& a) {
   const Grouping& grp = a.grp;
-  group_forward_apply_cuda(call, dev, grp.k, grp.g.channels,
-                           device_count(grp, "group_norm_forward"), grp.x, grp.gamma, a.beta, a.y,
-                           a.mean, a.rstd, grp.opt);
+  group_forward_apply_cuda(call, dev, grp.k, grp.g.channels, group_count(grp, "group_norm_forward"),
+                           grp.x, grp.gamma, a.beta, a.y, a.mean, a.rstd, grp.opt);
 }
 void backward_partial_device(PackedCall& call, DeviceCommunicator& dev, const GroupBackward& a) {
   group_backward_partial_cuda(call, dev, a.grp.k, a.dy, a.grp.x, a.grp.gamma, a.mean, a.rstd);
@@ -142,22 +138,21 @@ void backward_partial_device(PackedCall& call, DeviceCommunicator& dev, const Gr
 void backward_apply_device(PackedCall& call, DeviceCommunicator& dev, const GroupBackward& a) {
   const Grouping& grp = a.grp;
   group_backward_apply_cuda(call, dev, grp.k, grp.g.channels,
-                            device_count(grp, "group_norm_backward"), a.dy, grp.x, grp.gamma,
-                            a.mean, a.rstd, a.dx, a.dgamma, a.dbeta);
+                            group_count(grp, "group_norm_backward"), a.dy, grp.x, grp.gamma, a.mean,
+                            a.rstd, a.dx, a.dgamma, a.dbeta);
 }
-constexpr DeviceHooks<GroupForward> kForwardDevice{forward_partial_device, forward_apply_device};
-constexpr DeviceHooks<GroupBackward> kBackwardDevice{backward_partial_device,
-                                                     backward_apply_device};
 PayloadSize device_payload(const Grouping& grp) {
   PayloadSize p = grouping_payload(grp);
   p.device_scratch = group_scratch_cuda(grp.k);
   return p;
 }
 #else
-constexpr DeviceHooks<GroupForward> kForwardDevice{};
-constexpr DeviceHooks<GroupBackward> kBackwardDevice{};
 PayloadSize device_payload(const Grouping& grp) { return grouping_payload(grp); }
 #endif
+constexpr DeviceHooks<GroupForward> kForwardDevice =
+    TPNORM_DEVICE_HOOKS(forward_partial_device, forward_apply_device);
+constexpr DeviceHooks<GroupBackward> kBackwardDevice =
+    TPNORM_DEVICE_HOOKS(backward_partial_device, backward_apply_device);
 
 class GroupForwardOp final : public SpecOf<GroupForward> {
  public:

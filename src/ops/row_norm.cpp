@@ -1,11 +1,9 @@
 // row_norm.cpp — the LayerNorm / RMSNorm specs (see tpnorm/norm.h for the formulas). LayerNorm
 // and RMSNorm differ only in `centered`; run_op (op_spec.h) drives both.
+#include "ops/device_hooks.h"
 #include "ops/op_spec.h"
 #include "ops/row_stages.h"
 #include "tpnorm/norm.h"
-#ifdef TPNORM_WITH_CUDA
-#include "ops/cuda/row_norm_cuda.h"
-#endif
 
 namespace tpnorm {
 namespace detail {
@@ -26,20 +24,9 @@ void agree_rows(PackedCall& call, const TensorView& x, int64_t rows, bool center
   call.agree("stats", static_cast<double>(opt.stats));
 }
 
-#ifdef TPNORM_WITH_CUDA
-constexpr DeviceHooks<RowForwardCall> kForwardDevice{row_forward_partial_cuda,
-                                                     row_forward_apply_cuda};
-constexpr DeviceHooks<RowBackwardCall> kBackwardDevice{row_backward_partial_cuda,
-                                                       row_backward_apply_cuda};
-#else
-constexpr DeviceHooks<RowForwardCall> kForwardDevice{};
-constexpr DeviceHooks<RowBackwardCall> kBackwardDevice{};
-#endif
-
 class RowForwardOp final : public SpecOf<RowForwardCall> {
  public:
-  RowForwardOp(const char* name, const RowForwardCall& c)
-      : SpecOf(name, c.opt, c, kForwardDevice) {}
+  using SpecOf::SpecOf;
 
   void validate(Validator& v) const override {
     v.eps(args_.opt.eps);
@@ -67,8 +54,7 @@ class RowForwardOp final : public SpecOf<RowForwardCall> {
 
 class RowBackwardOp final : public SpecOf<RowBackwardCall> {
  public:
-  RowBackwardOp(const char* name, const RowBackwardCall& c)
-      : SpecOf(name, c.opt, c, kBackwardDevice) {}
+  using SpecOf::SpecOf;
 
   void validate(Validator& v) const override { validate_row_backward(v, "", args_.a); }
   void agree(PackedCall& call) const override {
@@ -93,15 +79,20 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
   }
 };
 
+constexpr DeviceHooks<RowForwardCall> kForwardDevice =
+    TPNORM_DEVICE_HOOKS(row_forward_partial_cuda, row_forward_apply_cuda);
+constexpr DeviceHooks<RowBackwardCall> kBackwardDevice =
+    TPNORM_DEVICE_HOOKS(row_backward_partial_cuda, row_backward_apply_cuda);
+
 void row_forward(const char* name, Communicator& comm, const RowForward& a,
                  const NormOptions& opt) {
-  RowForwardOp op(name, {a, opt, row_run(comm, opt)});
+  RowForwardOp op(name, opt, {a, opt, row_run(comm, opt)}, kForwardDevice);
   run_op(comm, op);
 }
 
 void row_backward(const char* name, Communicator& comm, const RowBackward& a,
                   const NormOptions& opt) {
-  RowBackwardOp op(name, {a, opt, row_run(comm, opt)});
+  RowBackwardOp op(name, opt, {a, opt, row_run(comm, opt)}, kBackwardDevice);
   run_op(comm, op);
 }
 

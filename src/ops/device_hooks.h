@@ -1,0 +1,20 @@
+// device_hooks.h — the device hooks of the specs (src/ops/cuda/), for the spec files to name:
+// declared in a build with the CUDA backend, absent otherwise. TPNORM_DEVICE_HOOKS(p, a) is
+// `DeviceHooks<Args>{p, a}` with the backend and `{}` (no device kernels: run_op fails such a
+// call on a device communicator) without it, so a spec file spells its hooks once:
+//   constexpr DeviceHooks<MyArgs> kDevice = TPNORM_DEVICE_HOOKS(my_partial_cuda, my_apply_cuda);
+#pragma once
+
+#include "ops/op_spec.h"
+
+#ifdef TPNORM_WITH_CUDA
+#include "ops/cuda/batch_norm_cuda.h"
+#include "ops/cuda/fused_cuda.h"
+#include "ops/cuda/group_norm_cuda.h"
+#include "ops/cuda/row_norm_cuda.h"
+#define TPNORM_DEVICE_HOOKS(partial, apply) \
+  { partial, apply }
+#else
+#define TPNORM_DEVICE_HOOKS(partial, apply) \
+  {}
+#endif
