@@ -75,7 +75,9 @@ class Communicator {
   /// fingerprint and error flags in a small collective BEFORE the payload collective, so that
   /// ranks that disagree on sizes never enter a payload collective of different lengths.
   /// Later calls fold the fingerprint into the payload collective. Default: the environment
-  /// variable TPNORM_STRICT_CALLS, else 16.
+  /// variable TPNORM_STRICT_CALLS, else -1 (every call) on MPI communicators, whose check is
+  /// non-blocking and runs under the call's partial phase, and 16 on the others (single-process,
+  /// device communicators, whose check is a blocking host collective).
   void set_strict_calls(int64_t n) { strict_calls_ = n; }
   bool strict_now() const { return strict_calls_ < 0 || static_cast<int64_t>(sequence_) <= strict_calls_; }
 
@@ -88,6 +90,22 @@ class Communicator {
   /// The public call in progress (a string literal), named by the watchdog; set by the ops.
   void set_current_op(const char* op) { current_op_ = op; }
 
+  /// Ends the whole job with `message` on stderr, for a rank that can no longer join a
+  /// collective its peers are in (MPI: MPI_Abort; the default: std::abort of this process).
+  [[noreturn]] virtual void abort_job(const std::string& message);
+
+  /// A started call (tpnorm/split.h) destroyed without finish(): its collective was completed
+  /// so that no peer hangs, its outputs were not written, and the NEXT call on this
+  /// communicator fails on every rank with `what` (set by the ops; read once by that call).
+  void note_abandoned_call(const std::string& what) {
+    if (abandoned_.empty()) abandoned_ = what;
+  }
+  std::string take_abandoned_call() {
+    std::string s;
+    s.swap(abandoned_);
+    return s;
+  }
+
  protected:
   virtual void do_all_reduce_sum(void* buf, size_t count, DType dtype) = 0;
   /// The non-blocking pair behind start_all_reduce_sum / wait, for backends that have one.
@@ -99,6 +117,11 @@ class Communicator {
     do_all_reduce_sum(buf, count, dtype);
   }
   virtual void do_wait(uint64_t id) { (void)id; }
+  /// A backend's default for set_strict_calls; the environment variable TPNORM_STRICT_CALLS,
+  /// when set, wins over it. Call from the derived constructor.
+  void set_default_strict_calls(int64_t n) {
+    if (!strict_calls_from_env()) strict_calls_ = n;
+  }
   /// The watchdog's one-line message for the collective now overdue.
   std::string watchdog_message() const;
   /// The same for a started sum that was begun by `op` at call `sequence`.
@@ -112,9 +135,11 @@ class Communicator {
   int64_t strict_calls_ = default_strict_calls();
   double timeout_s_ = default_timeout();
   const char* current_op_ = nullptr;
+  std::string abandoned_;
   uint64_t next_request_ = 0;
   size_t in_flight_ = 0;
   static int64_t default_strict_calls();
+  static bool strict_calls_from_env();
   static double default_timeout();
 };
 

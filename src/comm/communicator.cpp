@@ -2,6 +2,7 @@
 // the shared failure path of the TPNORM_CHECK family.
 #include "tpnorm/communicator.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -33,14 +34,25 @@ void Communicator::wait(Request& r) {
   do_wait(id);
 }
 
-int64_t Communicator::default_strict_calls() {
+bool Communicator::strict_calls_from_env() {
   const char* v = std::getenv("TPNORM_STRICT_CALLS");
-  return v && *v ? std::strtoll(v, nullptr, 10) : 16;
+  return v && *v;
+}
+
+int64_t Communicator::default_strict_calls() {
+  return strict_calls_from_env() ? std::strtoll(std::getenv("TPNORM_STRICT_CALLS"), nullptr, 10)
+                                 : 16;
 }
 
 double Communicator::default_timeout() {
   const char* v = std::getenv("TPNORM_TIMEOUT");
   return v && *v ? std::strtod(v, nullptr) : 300.0;
+}
+
+void Communicator::abort_job(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  std::abort();
 }
 
 std::string Communicator::watchdog_message() const {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,9 @@ class MpiCommunicator final : public Communicator {
     TPNORM_CHECK(MPI, MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     TPNORM_CHECK(MPI, MPI_Comm_rank(comm_, &rank_));
     TPNORM_CHECK(MPI, MPI_Comm_size(comm_, &size_));
+    // Every call checks the header first: its sum is non-blocking and hides under the partial
+    // (see README "Agreement on every call").
+    set_default_strict_calls(-1);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -46,6 +50,12 @@ class MpiCommunicator final : public Communicator {
     // communicator goes, so that no request outlives it. Errors cannot be thrown from here.
     for (Pending& p : pending_) complete(p, /*may_throw=*/false);
     MPI_Comm_free(&comm_);
+  }
+  [[noreturn]] void abort_job(const std::string& message) override {
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);  // the whole job, not only this group
+    std::abort();                  // MPI_Abort does not return; the compiler cannot know
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }

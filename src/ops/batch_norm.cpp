@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -248,14 +249,34 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
 }  // namespace
 }  // namespace detail
 
+PendingCall sync_batch_norm_forward_start(
+    Communicator& comm, const TensorView& x, const TensorView& gamma, const TensorView& beta,
+    const TensorView& running_mean, const TensorView& running_var, int64_t* num_batches_tracked,
+    const TensorView& y, const TensorView& save_mean, const TensorView& save_invstd,
+    const BatchNormOptions& opt) {
+  return detail::start_op(comm, std::make_unique<detail::BnForwardOp>(detail::BnForward{
+                                    x, gamma, beta, running_mean, running_var, num_batches_tracked,
+                                    y, save_mean, save_invstd, opt}));
+}
+
 void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
                              const TensorView& beta, const TensorView& running_mean,
                              const TensorView& running_var, int64_t* num_batches_tracked,
                              const TensorView& y, const TensorView& save_mean,
                              const TensorView& save_invstd, const BatchNormOptions& opt) {
-  detail::BnForwardOp op({x, gamma, beta, running_mean, running_var, num_batches_tracked, y,
-                          save_mean, save_invstd, opt});
-  detail::run_op(comm, op);
+  sync_batch_norm_forward_start(comm, x, gamma, beta, running_mean, running_var,
+                                num_batches_tracked, y, save_mean, save_invstd, opt)
+      .finish();
+}
+
+PendingCall sync_batch_norm_backward_start(Communicator& comm, const TensorView& dy,
+                                           const TensorView& x, const TensorView& gamma,
+                                           const TensorView& save_mean,
+                                           const TensorView& save_invstd, const TensorView& dx,
+                                           const TensorView& dgamma, const TensorView& dbeta,
+                                           const BatchNormOptions& opt) {
+  return detail::start_op(comm, std::make_unique<detail::BnBackwardOp>(detail::BnBackward{
+                                    dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta, opt}));
 }
 
 void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
@@ -263,8 +284,8 @@ void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const Te
                               const TensorView& save_invstd, const TensorView& dx,
                               const TensorView& dgamma, const TensorView& dbeta,
                               const BatchNormOptions& opt) {
-  detail::BnBackwardOp op({dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta, opt});
-  detail::run_op(comm, op);
+  sync_batch_norm_backward_start(comm, dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta, opt)
+      .finish();
 }
 
 }  // namespace tpnorm

@@ -7,6 +7,7 @@
 #include "tpnorm/batched.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -197,18 +198,28 @@ class BatchedOp final : public OpSpec {
 }  // namespace
 }  // namespace detail
 
+PendingCall batched_norm_forward_start(Communicator& comm, const RowNormItem* items, size_t count,
+                                       const NormOptions& opt) {
+  return detail::start_op(comm,
+                          std::make_unique<detail::BatchedOp<RowNormItem, detail::ForwardStages>>(
+                              "batched_norm_forward", items, count, opt));
+}
+
 void batched_norm_forward(Communicator& comm, const RowNormItem* items, size_t count,
                           const NormOptions& opt) {
-  detail::BatchedOp<RowNormItem, detail::ForwardStages> op("batched_norm_forward", items, count,
-                                                           opt);
-  detail::run_op(comm, op);
+  batched_norm_forward_start(comm, items, count, opt).finish();
+}
+
+PendingCall batched_norm_backward_start(Communicator& comm, const RowNormGradItem* items,
+                                        size_t count, const NormOptions& opt) {
+  return detail::start_op(
+      comm, std::make_unique<detail::BatchedOp<RowNormGradItem, detail::BackwardStages>>(
+                "batched_norm_backward", items, count, opt));
 }
 
 void batched_norm_backward(Communicator& comm, const RowNormGradItem* items, size_t count,
                            const NormOptions& opt) {
-  detail::BatchedOp<RowNormGradItem, detail::BackwardStages> op("batched_norm_backward", items,
-                                                                count, opt);
-  detail::run_op(comm, op);
+  batched_norm_backward_start(comm, items, count, opt).finish();
 }
 
 }  // namespace tpnorm

@@ -4,6 +4,7 @@
 #include "tpnorm/fused.h"
 
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "common/dispatch.h"
@@ -166,17 +167,21 @@ class FusedBackwardOp final : public SpecOf<FusedBackward> {
   }
 };
 
-void fused_forward(const char* name, Communicator& comm, const TensorView& x, const TensorView& f,
-                   double alpha, const RowForward& norm, const NormOptions& opt) {
-  FusedForwardOp op(name, opt, {x, f, alpha, {norm, opt, {opt.num_threads}}}, kForwardDevice);
-  run_op(comm, op);
+PendingCall fused_forward(const char* name, Communicator& comm, const TensorView& x,
+                          const TensorView& f, double alpha, const RowForward& norm,
+                          const NormOptions& opt) {
+  return start_op(comm, std::make_unique<FusedForwardOp>(
+                            name, opt, FusedForward{x, f, alpha, {norm, opt, {opt.num_threads}}},
+                            kForwardDevice));
 }
 
-void fused_backward(const char* name, Communicator& comm, const TensorView& dh_extra, double alpha,
-                    const TensorView& dx, const RowBackward& norm, const NormOptions& opt) {
-  FusedBackwardOp op(name, opt, {dh_extra, dx, alpha, {norm, opt, {opt.num_threads}}},
-                     kBackwardDevice);
-  run_op(comm, op);
+PendingCall fused_backward(const char* name, Communicator& comm, const TensorView& dh_extra,
+                           double alpha, const TensorView& dx, const RowBackward& norm,
+                           const NormOptions& opt) {
+  return start_op(comm,
+                  std::make_unique<FusedBackwardOp>(
+                      name, opt, FusedBackward{dh_extra, dx, alpha, {norm, opt, {opt.num_threads}}},
+                      kBackwardDevice));
 }
 
 }  // namespace
@@ -237,12 +242,33 @@ double deepnorm_beta(DeepNormStack stack, int64_t encoder_layers, int64_t decode
   return 0;  // unreachable: deepnorm_layers rejects other values
 }
 
+PendingCall fused_add_layer_norm_forward_start(Communicator& comm, const TensorView& x,
+                                               const TensorView& f, double alpha,
+                                               const TensorView& gamma, const TensorView& beta,
+                                               const TensorView& h, const TensorView& y,
+                                               const TensorView& mean, const TensorView& rstd,
+                                               const NormOptions& opt) {
+  return detail::fused_forward("fused_add_layer_norm_forward", comm, x, f, alpha,
+                               {true, h, gamma, beta, y, mean, rstd}, opt);
+}
+
 void fused_add_layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& f,
                                   double alpha, const TensorView& gamma, const TensorView& beta,
                                   const TensorView& h, const TensorView& y, const TensorView& mean,
                                   const TensorView& rstd, const NormOptions& opt) {
-  detail::fused_forward("fused_add_layer_norm_forward", comm, x, f, alpha,
-                        {true, h, gamma, beta, y, mean, rstd}, opt);
+  fused_add_layer_norm_forward_start(comm, x, f, alpha, gamma, beta, h, y, mean, rstd, opt)
+      .finish();
+}
+
+PendingCall fused_add_layer_norm_backward_start(Communicator& comm, const TensorView& dy,
+                                                const TensorView& dh_extra, const TensorView& h,
+                                                const TensorView& gamma, const TensorView& mean,
+                                                const TensorView& rstd, double alpha,
+                                                const TensorView& dx, const TensorView& df,
+                                                const TensorView& dgamma, const TensorView& dbeta,
+                                                const NormOptions& opt) {
+  return detail::fused_backward("fused_add_layer_norm_backward", comm, dh_extra, alpha, dx,
+                                {true, dy, h, gamma, mean, rstd, df, dgamma, dbeta}, opt);
 }
 
 void fused_add_layer_norm_backward(Communicator& comm, const TensorView& dy,
@@ -251,16 +277,35 @@ void fused_add_layer_norm_backward(Communicator& comm, const TensorView& dy,
                                    const TensorView& rstd, double alpha, const TensorView& dx,
                                    const TensorView& df, const TensorView& dgamma,
                                    const TensorView& dbeta, const NormOptions& opt) {
-  detail::fused_backward("fused_add_layer_norm_backward", comm, dh_extra, alpha, dx,
-                         {true, dy, h, gamma, mean, rstd, df, dgamma, dbeta}, opt);
+  fused_add_layer_norm_backward_start(comm, dy, dh_extra, h, gamma, mean, rstd, alpha, dx, df,
+                                      dgamma, dbeta, opt)
+      .finish();
+}
+
+PendingCall fused_add_rms_norm_forward_start(Communicator& comm, const TensorView& x,
+                                             const TensorView& f, double alpha,
+                                             const TensorView& gamma, const TensorView& h,
+                                             const TensorView& y, const TensorView& rstd,
+                                             const NormOptions& opt) {
+  return detail::fused_forward("fused_add_rms_norm_forward", comm, x, f, alpha,
+                               {false, h, gamma, {}, y, {}, rstd}, opt);
 }
 
 void fused_add_rms_norm_forward(Communicator& comm, const TensorView& x, const TensorView& f,
                                 double alpha, const TensorView& gamma, const TensorView& h,
                                 const TensorView& y, const TensorView& rstd,
                                 const NormOptions& opt) {
-  detail::fused_forward("fused_add_rms_norm_forward", comm, x, f, alpha,
-                        {false, h, gamma, {}, y, {}, rstd}, opt);
+  fused_add_rms_norm_forward_start(comm, x, f, alpha, gamma, h, y, rstd, opt).finish();
+}
+
+PendingCall fused_add_rms_norm_backward_start(Communicator& comm, const TensorView& dy,
+                                              const TensorView& dh_extra, const TensorView& h,
+                                              const TensorView& gamma, const TensorView& rstd,
+                                              double alpha, const TensorView& dx,
+                                              const TensorView& df, const TensorView& dgamma,
+                                              const NormOptions& opt) {
+  return detail::fused_backward("fused_add_rms_norm_backward", comm, dh_extra, alpha, dx,
+                                {false, dy, h, gamma, {}, rstd, df, dgamma, {}}, opt);
 }
 
 void fused_add_rms_norm_backward(Communicator& comm, const TensorView& dy,
@@ -268,8 +313,8 @@ void fused_add_rms_norm_backward(Communicator& comm, const TensorView& dy,
                                  const TensorView& gamma, const TensorView& rstd, double alpha,
                                  const TensorView& dx, const TensorView& df,
                                  const TensorView& dgamma, const NormOptions& opt) {
-  detail::fused_backward("fused_add_rms_norm_backward", comm, dh_extra, alpha, dx,
-                         {false, dy, h, gamma, {}, rstd, df, dgamma, {}}, opt);
+  fused_add_rms_norm_backward_start(comm, dy, dh_extra, h, gamma, rstd, alpha, dx, df, dgamma, opt)
+      .finish();
 }
 
 }  // namespace tpnorm

@@ -5,6 +5,7 @@
 #include "tpnorm/group_norm.h"
 
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -281,28 +282,64 @@ ChannelGroups per_channel(const TensorView& x, ChannelGroups cg) {
 
 }  // namespace
 
+PendingCall group_norm_forward_start(Communicator& comm, const TensorView& x,
+                                     const ChannelGroups& cg, const TensorView& gamma,
+                                     const TensorView& beta, const TensorView& y,
+                                     const TensorView& mean, const TensorView& rstd,
+                                     const NormOptions& opt) {
+  return detail::start_op(comm, std::make_unique<detail::GroupForwardOp>(
+                                    "group_norm_forward", opt,
+                                    detail::GroupForward{{x, cg, gamma, opt}, beta, y, mean, rstd},
+                                    detail::kForwardDevice));
+}
+
 void group_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
                         const TensorView& gamma, const TensorView& beta, const TensorView& y,
                         const TensorView& mean, const TensorView& rstd, const NormOptions& opt) {
-  detail::GroupForwardOp op("group_norm_forward", opt, {{x, cg, gamma, opt}, beta, y, mean, rstd},
-                            detail::kForwardDevice);
-  detail::run_op(comm, op);
+  group_norm_forward_start(comm, x, cg, gamma, beta, y, mean, rstd, opt).finish();
+}
+
+PendingCall group_norm_backward_start(Communicator& comm, const TensorView& dy, const TensorView& x,
+                                      const ChannelGroups& cg, const TensorView& gamma,
+                                      const TensorView& mean, const TensorView& rstd,
+                                      const TensorView& dx, const TensorView& dgamma,
+                                      const TensorView& dbeta, const NormOptions& opt) {
+  return detail::start_op(
+      comm, std::make_unique<detail::GroupBackwardOp>(
+                "group_norm_backward", opt,
+                detail::GroupBackward{{x, cg, gamma, opt}, dy, mean, rstd, dx, dgamma, dbeta},
+                detail::kBackwardDevice));
 }
 
 void group_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
                          const ChannelGroups& cg, const TensorView& gamma, const TensorView& mean,
                          const TensorView& rstd, const TensorView& dx, const TensorView& dgamma,
                          const TensorView& dbeta, const NormOptions& opt) {
-  detail::GroupBackwardOp op("group_norm_backward", opt,
-                             {{x, cg, gamma, opt}, dy, mean, rstd, dx, dgamma, dbeta},
-                             detail::kBackwardDevice);
-  detail::run_op(comm, op);
+  group_norm_backward_start(comm, dy, x, cg, gamma, mean, rstd, dx, dgamma, dbeta, opt).finish();
+}
+
+PendingCall instance_norm_forward_start(Communicator& comm, const TensorView& x,
+                                        const ChannelGroups& cg, const TensorView& gamma,
+                                        const TensorView& beta, const TensorView& y,
+                                        const TensorView& mean, const TensorView& rstd,
+                                        const NormOptions& opt) {
+  return group_norm_forward_start(comm, x, per_channel(x, cg), gamma, beta, y, mean, rstd, opt);
 }
 
 void instance_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
                            const TensorView& gamma, const TensorView& beta, const TensorView& y,
                            const TensorView& mean, const TensorView& rstd, const NormOptions& opt) {
-  group_norm_forward(comm, x, per_channel(x, cg), gamma, beta, y, mean, rstd, opt);
+  instance_norm_forward_start(comm, x, cg, gamma, beta, y, mean, rstd, opt).finish();
+}
+
+PendingCall instance_norm_backward_start(Communicator& comm, const TensorView& dy,
+                                         const TensorView& x, const ChannelGroups& cg,
+                                         const TensorView& gamma, const TensorView& mean,
+                                         const TensorView& rstd, const TensorView& dx,
+                                         const TensorView& dgamma, const TensorView& dbeta,
+                                         const NormOptions& opt) {
+  return group_norm_backward_start(comm, dy, x, per_channel(x, cg), gamma, mean, rstd, dx, dgamma,
+                                   dbeta, opt);
 }
 
 void instance_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
@@ -310,7 +347,7 @@ void instance_norm_backward(Communicator& comm, const TensorView& dy, const Tens
                             const TensorView& mean, const TensorView& rstd, const TensorView& dx,
                             const TensorView& dgamma, const TensorView& dbeta,
                             const NormOptions& opt) {
-  group_norm_backward(comm, dy, x, per_channel(x, cg), gamma, mean, rstd, dx, dgamma, dbeta, opt);
+  instance_norm_backward_start(comm, dy, x, cg, gamma, mean, rstd, dx, dgamma, dbeta, opt).finish();
 }
 
 }  // namespace tpnorm

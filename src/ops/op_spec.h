@@ -20,11 +20,13 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "ops/packed_call.h"
 #include "ops/validate.h"
 #include "tpnorm/communicator.h"
 #include "tpnorm/norm.h"
+#include "tpnorm/split.h"
 
 namespace tpnorm::detail {
 
@@ -131,9 +133,45 @@ class SpecOf : public OpSpec {
   DeviceHooks<Args> device_;
 };
 
-/// Runs `op` on `comm`: validate -> agree -> partial -> ONE reduce -> apply. Throws
-/// tpnorm::Error, the same on every rank, when any rank's call is invalid or they disagree;
-/// outputs are then untouched.
-void run_op(Communicator& comm, OpSpec& op);
+/// One call of `op` on `comm` in its two phases (the split-phase cut, tpnorm/split.h). The
+/// constructor is the start: validate -> agree -> prepare -> the header check's sum (strict
+/// host calls, under the partial) -> partial -> the payload's sum, started; finish() waits
+/// for it and applies. Either throws tpnorm::Error, the same on every rank, when any rank's
+/// call is invalid or they disagree; outputs are then untouched. Destroyed without finish()
+/// (a dropped handle): the sums in flight complete, nothing is written, and the next
+/// collective call on `comm` fails on every rank, naming this call.
+class StartedOp {
+ public:
+  StartedOp(Communicator& comm, OpSpec& op);
+  /// The same, owning its spec (a split-phase handle outlives the public call that made it).
+  StartedOp(Communicator& comm, std::unique_ptr<OpSpec> op);
+  ~StartedOp();
+  StartedOp(const StartedOp&) = delete;
+  StartedOp& operator=(const StartedOp&) = delete;
+
+  /// Waits for the call's collective and applies. Once; a second call does nothing.
+  void finish();
+  bool finished() const { return finished_; }
+
+ private:
+  void start();
+
+  std::unique_ptr<OpSpec> owned_;
+  OpSpec& op_;
+  Communicator& comm_;
+  // A call that communicates nothing validates on a single-process call, so that a local
+  // error cannot strand a peer and the communicator's sequence only counts collectives.
+  std::unique_ptr<Communicator> local_;
+  PackedCall call_;
+  DeviceCommunicator* dev_ = nullptr;
+  bool on_device_ = false;
+  bool finished_ = false;
+};
+
+/// Starts `op` on `comm` for the split-phase API (tpnorm/split.h); the handle owns the spec.
+PendingCall start_op(Communicator& comm, std::unique_ptr<OpSpec> op);
+
+/// Runs `op` on `comm`: start and finish at once (the blocking calls).
+inline void run_op(Communicator& comm, OpSpec& op) { StartedOp(comm, op).finish(); }
 
 }  // namespace tpnorm::detail

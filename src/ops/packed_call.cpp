@@ -58,13 +58,25 @@ std::string get_text(const double* src, size_t cap) {
 PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement)
     : comm_(comm), op_(op), wire_(wire), check_(check_agreement) {
   comm_.set_current_op(op);  // so that the watchdog can name the call
-  agree("sequence", static_cast<double>(comm.next_sequence()));
-  if (comm_.strict_now()) check_ = true;
+  sequence_ = comm.next_sequence();
+  agree("sequence", static_cast<double>(sequence_));
+  strict_ = comm_.strict_now();
+  if (strict_) check_ = true;
   header_values_ = static_cast<size_t>(ch::header_values(check_));
   if (comm.device().kind == DeviceKind::CUDA) {
     dev_ = dynamic_cast<DeviceCommunicator*>(&comm);
     if (!dev_)
       fail(kNoDeviceStream);
+  }
+}
+
+PackedCall::~PackedCall() {
+  // A call abandoned between its phases (an exception, a dropped split-phase handle): finish
+  // the sums every rank started, so that their buffer outlives them. Errors cannot leave here.
+  try {
+    comm_.wait(header_req_);
+    comm_.wait(payload_req_);
+  } catch (...) {
   }
 }
 
@@ -131,20 +143,46 @@ void PackedCall::check_header(const void* base, DType as) {
   global_count_ = load(base, as, ch::kCountIndex);
 }
 
-void PackedCall::reduce() {
+void PackedCall::begin_check() {
+  if (dev_ || !strict_ || header_req_.id || header_checked_) return;
+  if (bytes_.empty()) prepare(0, 0);
+  write_header(bytes_.data(), wire_);
+  header_sent_ok_ = !failed_;
+  header_req_ = comm_.start_all_reduce_sum(bytes_.data(), header_values_, wire_);
+}
+
+void PackedCall::start_reduce() {
   if (dev_) return reduce_device();
   if (bytes_.empty()) prepare(0, 0);
   void* base = bytes_.data();
-  write_header(base, wire_);
-  char* pay = static_cast<char*>(payload_data());
-  if (failed_) std::memset(pay, 0, payload_values_ * dtype_size(wire_));  // nothing half-made
-  if (comm_.strict_now()) {
-    comm_.all_reduce_sum(base, header_values_, wire_);
-    check_header(base, wire_);
-    comm_.all_reduce_sum(pay, payload_values_, wire_);
+  if (strict_) {
+    // The header first, in its own sum (started under the partial by begin_check), so that
+    // ranks that disagree on sizes never enter payload sums of different lengths.
+    begin_check();
+    comm_.wait(header_req_);
+    // Failed after its header said it had not (a host partial that threw: std::bad_alloc):
+    // the others would apply this rank's missing statistics, and this rank cannot stay out of
+    // their payload sum without stranding them. End the job instead.
+    if (failed_ && header_sent_ok_)
+      comm_.abort_job("tpnorm: rank " + std::to_string(comm_.rank()) + " of " +
+                      std::to_string(comm_.size()) + ": " + op_ +
+                      " failed after its call header was sent: " + message_ +
+                      "; ending the job (the other ranks would use this rank's missing "
+                      "statistics)");
+    header_checked_ = true;
+    check_header(base, wire_);  // throws on every rank together
+    payload_req_ = comm_.start_all_reduce_sum(payload_data(), payload_values_, wire_);
   } else {
-    comm_.all_reduce_sum(base, header_values_ + payload_values_, wire_);
-    check_header(base, wire_);
+    write_header(base, wire_);
+    if (failed_) std::memset(payload_data(), 0, payload_values_ * dtype_size(wire_));
+    payload_req_ = comm_.start_all_reduce_sum(base, header_values_ + payload_values_, wire_);
+  }
+}
+
+void PackedCall::finish_reduce() {
+  if (!dev_) {
+    comm_.wait(payload_req_);
+    if (!strict_) check_header(bytes_.data(), wire_);
   }
 }
 
@@ -156,7 +194,7 @@ void PackedCall::reduce_device() {
   if (!dev_base_) prepare(0, 0);
   std::vector<double> head(header_values_);
   write_header(head.data(), DType::F64);
-  if (comm_.strict_now()) {
+  if (strict_) {
     std::vector<double> sum = head;
     control_sum(sum.data(), sum.size());
     check_header(sum.data(), DType::F64);  // throws on every rank together

@@ -15,7 +15,9 @@
 // On a failed or disagreeing call every rank makes one more collective (a table of every rank's
 // fingerprint fields and error text) and throws the same tpnorm::Error. In strict mode
 // (Communicator::strict_now) the header travels in its own small collective before the payload,
-// so ranks that disagree on sizes never enter payload collectives of different lengths.
+// so ranks that disagree on sizes never enter payload collectives of different lengths; on host
+// communicators that collective is non-blocking, started before the partial (begin_check) and
+// waited after it, so its latency hides under the partial.
 //
 // Device communicators (src/comm/device_comm.h): the buffer is the communicator's device
 // workspace and the host never reads it back. Strict calls check the header on the host
@@ -55,6 +57,9 @@ class PackedCall {
 
   /// [in] op: a string literal naming the public call, e.g. "layer_norm_forward".
   PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement);
+  /// Completes a sum still in flight (the peers started it too), so its buffer never outlives
+  /// it.
+  ~PackedCall();
   PackedCall(const PackedCall&) = delete;
   PackedCall& operator=(const PackedCall&) = delete;
 
@@ -62,6 +67,8 @@ class PackedCall {
   void agree(const char* name, double value);
   /// Records a local failure (the first one wins); the call still joins the collective.
   void fail(const std::string& message, ErrorCode code = ErrorCode::kInvalidArgument);
+  /// This call's sequence number on its communicator (the "sequence" agreement field).
+  uint64_t sequence() const { return sequence_; }
   bool failed() const { return failed_; }
   /// Throws this rank's recorded failure, if any, without communicating: for calls that make no
   /// collective (SyncBatchNorm in eval mode, validated on a single-process PackedCall so the
@@ -92,7 +99,21 @@ class PackedCall {
 
   /// The ONE collective of the call (plus the strict pre-check while strict). Throws the same
   /// tpnorm::Error on every rank when any rank failed or the ranks disagree.
-  void reduce();
+  void reduce() {
+    start_reduce();
+    finish_reduce();
+  }
+  /// The same in split phases (run_op's cut, see tpnorm/split.h), on host communicators:
+  ///   begin_check()    after prepare(), before the partial: in strict calls, starts the
+  ///                    header's non-blocking sum, so its latency hides under the partial;
+  ///   start_reduce()   after the partial: waits for the header and checks it (throwing the
+  ///                    same error on every rank), then starts the payload's non-blocking sum
+  ///                    (folded calls: header + payload in one sum, checked in finish_reduce);
+  ///   finish_reduce()  waits for the payload's sum.
+  /// Device communicators do all of it in start_reduce (their collective is stream-ordered).
+  void begin_check();
+  void start_reduce();
+  void finish_reduce();
   /// After reduce(): the sum of local counts over all ranks.
   double global_count() const { return global_count_; }
 
@@ -121,6 +142,11 @@ class PackedCall {
   double local_count_ = 0;
   double global_count_ = 0;
   std::vector<double> bytes_;  // header + payload, 8-byte aligned storage for either W
+  uint64_t sequence_ = 0;
+  bool strict_ = false;          // this call checks its header in its own collective first
+  bool header_sent_ok_ = false;  // strict: the header left saying this rank had not failed
+  bool header_checked_ = false;  // strict: the header's sum came back and agreed
+  Communicator::Request header_req_, payload_req_;
   DeviceCommunicator* dev_ = nullptr;
   void* dev_base_ = nullptr;
   void* scratch_ = nullptr;

@@ -1,5 +1,7 @@
 // row_norm.cpp — the LayerNorm / RMSNorm specs (see tpnorm/norm.h for the formulas). LayerNorm
-// and RMSNorm differ only in `centered`; run_op (op_spec.h) drives both.
+// and RMSNorm differ only in `centered`; the one runner (op_spec.h) drives both.
+#include <memory>
+
 #include "ops/device_hooks.h"
 #include "ops/op_spec.h"
 #include "ops/row_stages.h"
@@ -84,45 +86,75 @@ constexpr DeviceHooks<RowForwardCall> kForwardDevice =
 constexpr DeviceHooks<RowBackwardCall> kBackwardDevice =
     TPNORM_DEVICE_HOOKS(row_backward_partial_cuda, row_backward_apply_cuda);
 
-void row_forward(const char* name, Communicator& comm, const RowForward& a,
-                 const NormOptions& opt) {
-  RowForwardOp op(name, opt, {a, opt, row_run(comm, opt)}, kForwardDevice);
-  run_op(comm, op);
+PendingCall row_forward(const char* name, Communicator& comm, const RowForward& a,
+                        const NormOptions& opt) {
+  return start_op(comm, std::make_unique<RowForwardOp>(
+                            name, opt, RowForwardCall{a, opt, row_run(comm, opt)}, kForwardDevice));
 }
 
-void row_backward(const char* name, Communicator& comm, const RowBackward& a,
-                  const NormOptions& opt) {
-  RowBackwardOp op(name, opt, {a, opt, row_run(comm, opt)}, kBackwardDevice);
-  run_op(comm, op);
+PendingCall row_backward(const char* name, Communicator& comm, const RowBackward& a,
+                         const NormOptions& opt) {
+  return start_op(
+      comm, std::make_unique<RowBackwardOp>(name, opt, RowBackwardCall{a, opt, row_run(comm, opt)},
+                                            kBackwardDevice));
 }
 
 }  // namespace
 }  // namespace detail
 
+PendingCall layer_norm_forward_start(Communicator& comm, const TensorView& x,
+                                     const TensorView& gamma, const TensorView& beta,
+                                     const TensorView& y, const TensorView& mean,
+                                     const TensorView& rstd, const NormOptions& opt) {
+  return detail::row_forward("layer_norm_forward", comm, {true, x, gamma, beta, y, mean, rstd},
+                             opt);
+}
+
 void layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
                         const TensorView& beta, const TensorView& y, const TensorView& mean,
                         const TensorView& rstd, const NormOptions& opt) {
-  detail::row_forward("layer_norm_forward", comm, {true, x, gamma, beta, y, mean, rstd}, opt);
+  layer_norm_forward_start(comm, x, gamma, beta, y, mean, rstd, opt).finish();
+}
+
+PendingCall layer_norm_backward_start(Communicator& comm, const TensorView& dy, const TensorView& x,
+                                      const TensorView& gamma, const TensorView& mean,
+                                      const TensorView& rstd, const TensorView& dx,
+                                      const TensorView& dgamma, const TensorView& dbeta,
+                                      const NormOptions& opt) {
+  return detail::row_backward("layer_norm_backward", comm,
+                              {true, dy, x, gamma, mean, rstd, dx, dgamma, dbeta}, opt);
 }
 
 void layer_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
                          const TensorView& gamma, const TensorView& mean, const TensorView& rstd,
                          const TensorView& dx, const TensorView& dgamma, const TensorView& dbeta,
                          const NormOptions& opt) {
-  detail::row_backward("layer_norm_backward", comm,
-                       {true, dy, x, gamma, mean, rstd, dx, dgamma, dbeta}, opt);
+  layer_norm_backward_start(comm, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, opt).finish();
+}
+
+PendingCall rms_norm_forward_start(Communicator& comm, const TensorView& x, const TensorView& gamma,
+                                   const TensorView& y, const TensorView& rstd,
+                                   const NormOptions& opt) {
+  return detail::row_forward("rms_norm_forward", comm, {false, x, gamma, {}, y, {}, rstd}, opt);
 }
 
 void rms_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
                       const TensorView& y, const TensorView& rstd, const NormOptions& opt) {
-  detail::row_forward("rms_norm_forward", comm, {false, x, gamma, {}, y, {}, rstd}, opt);
+  rms_norm_forward_start(comm, x, gamma, y, rstd, opt).finish();
+}
+
+PendingCall rms_norm_backward_start(Communicator& comm, const TensorView& dy, const TensorView& x,
+                                    const TensorView& gamma, const TensorView& rstd,
+                                    const TensorView& dx, const TensorView& dgamma,
+                                    const NormOptions& opt) {
+  return detail::row_backward("rms_norm_backward", comm,
+                              {false, dy, x, gamma, {}, rstd, dx, dgamma, {}}, opt);
 }
 
 void rms_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
                        const TensorView& gamma, const TensorView& rstd, const TensorView& dx,
                        const TensorView& dgamma, const NormOptions& opt) {
-  detail::row_backward("rms_norm_backward", comm, {false, dy, x, gamma, {}, rstd, dx, dgamma, {}},
-                       opt);
+  rms_norm_backward_start(comm, dy, x, gamma, rstd, dx, dgamma, opt).finish();
 }
 
 }  // namespace tpnorm

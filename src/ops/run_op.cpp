@@ -2,6 +2,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "ops/op_spec.h"
 #include "tpnorm/error.h"
@@ -38,54 +39,88 @@ void prepare_device(PackedCall& call, Communicator& comm, DeviceCommunicator& de
 
 }  // namespace
 
-void run_op(Communicator& comm, OpSpec& op) {
-  // A call that communicates nothing validates on a single-process call, so that a local error
-  // cannot strand a peer and the communicator's sequence only counts collectives.
-  std::unique_ptr<Communicator> local = op.collective() ? nullptr : make_single_communicator();
-  PackedCall call(local ? *local : comm, op.name(), wire_of(op.stats()), op.check_agreement());
-  Validator v(call, comm.device());
+StartedOp::StartedOp(Communicator& comm, OpSpec& op)
+    : op_(op),
+      comm_(comm),
+      local_(op.collective() ? nullptr : make_single_communicator()),
+      call_(local_ ? *local_ : comm, op.name(), wire_of(op.stats()), op.check_agreement()) {
+  start();
+}
 
-  DeviceCommunicator* dev = nullptr;
-  if (comm.device().kind != DeviceKind::CPU) {
-    dev = dynamic_cast<DeviceCommunicator*>(&comm);
-    if (!dev) call.fail(PackedCall::kNoDeviceStream);  // already so for a collective call
-    if (!op.has_device_kernels())
+StartedOp::StartedOp(Communicator& comm, std::unique_ptr<OpSpec> op)
+    : owned_(std::move(op)),
+      op_(*owned_),
+      comm_(comm),
+      local_(op_.collective() ? nullptr : make_single_communicator()),
+      call_(local_ ? *local_ : comm, op_.name(), wire_of(op_.stats()), op_.check_agreement()) {
+  start();
+}
+
+StartedOp::~StartedOp() {
+  // Constructed means started: a start that threw never gets here. call_'s destructor
+  // completes the sums every rank started.
+  if (!finished_ && op_.collective())
+    comm_.note_abandoned_call("a started " + std::string(op_.name()) + " (call " +
+                              std::to_string(call_.sequence()) +
+                              " on this communicator) was destroyed without finish(); its "
+                              "outputs were not written");
+}
+
+void StartedOp::start() {
+  Validator v(call_, comm_.device());
+  if (op_.collective()) {
+    const std::string abandoned = comm_.take_abandoned_call();
+    if (!abandoned.empty()) call_.fail(abandoned);
+  }
+  if (comm_.device().kind != DeviceKind::CPU) {
+    dev_ = dynamic_cast<DeviceCommunicator*>(&comm_);
+    if (!dev_) call_.fail(PackedCall::kNoDeviceStream);  // already so for a collective call
+    if (!op_.has_device_kernels())
       v.fail("comm", "is a device communicator; this op has CPU kernels only so far");
   }
-  const bool on_device = dev && op.has_device_kernels();
+  on_device_ = dev_ && op_.has_device_kernels();
 
-  op.validate(v);
-  op.agree(call);
-  const PayloadSize size = op.payload();
-  if (on_device)
-    prepare_device(call, comm, *dev, size);
+  op_.validate(v);
+  op_.agree(call_);
+  const PayloadSize size = op_.payload();
+  if (on_device_)
+    prepare_device(call_, comm_, *dev_, size);
   else
-    call.prepare(size.values, size.local_count);
+    call_.prepare(size.values, size.local_count);
+  // Every field and this rank's verdict are known: the header's sum may start now and run
+  // under the partial (strict host calls; nothing otherwise).
+  if (op_.collective()) call_.begin_check();
 
-  // start: partial and the collective; finish: apply. Nothing below writes an output before
-  // the collective has confirmed that every rank's call is valid and agrees, and nothing before
-  // the collective keeps a rank out of it: a partial that throws (a device that cannot be made
-  // current, a kernel that did not launch) is this rank's failure, which every rank then sees.
-  if (!call.failed()) {
+  // Nothing below writes an output before the collective has confirmed that every rank's call
+  // is valid and agrees, and nothing before the collective keeps a rank out of it: a partial
+  // that throws (a device that cannot be made current, a kernel that did not launch) is this
+  // rank's failure, which every rank then sees.
+  if (!call_.failed()) {
     try {
-      if (on_device)
-        op.partial_device(call, *dev);
+      if (on_device_)
+        op_.partial_device(call_, *dev_);
       else
-        op.partial(call);
+        op_.partial(call_);
     } catch (const Error& e) {
-      call.fail(e.what(), e.code());
+      call_.fail(e.what(), e.code());
     } catch (const std::exception& e) {
-      call.fail(e.what(), on_device ? ErrorCode::kCommunication : ErrorCode::kInternal);
+      call_.fail(e.what(), on_device_ ? ErrorCode::kCommunication : ErrorCode::kInternal);
     }
   }
-  if (op.collective())
-    call.reduce();
+  if (op_.collective())
+    call_.start_reduce();
   else
-    call.throw_if_failed_locally(comm.rank());
-  if (on_device)
-    op.apply_device(call, *dev);
+    call_.throw_if_failed_locally(comm_.rank());
+}
+
+void StartedOp::finish() {
+  if (finished_) return;
+  finished_ = true;  // a finish that throws (a failed call) is finished too: nothing to redo
+  if (op_.collective()) call_.finish_reduce();
+  if (on_device_)
+    op_.apply_device(call_, *dev_);
   else
-    op.apply(call);
+    op_.apply(call_);
 }
 
 }  // namespace tpnorm::detail

@@ -1,0 +1,60 @@
+// Agreement on every call, by default: a rank that passes one row fewer on call 30 of a fresh
+// MPI communicator (no set_strict_calls, TPNORM_STRICT_CALLS unset) gets the same tpnorm error
+// on every rank, instead of payload collectives of different lengths (which ended the job with
+// MPI_ERR_TRUNCATE while only the first 16 calls were checked). The communicator still works
+// afterwards, and a good call after the bad one gives the right result.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "expect_error.h"
+#include "harness.h"
+#include "reference.h"
+#include "tpnorm/error.h"
+#include "tpnorm/mpi.h"
+#include "tpnorm/norm.h"
+
+using namespace tpnorm;
+using namespace tpnorm_test;
+
+namespace {
+
+TEST(AgreementEveryCall, RowMismatchOnCall30IsTheSameErrorEverywhere) {
+  ASSERT_EQ(std::getenv("TPNORM_STRICT_CALLS"), nullptr) << "this test checks the default";
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  const int P = world_size(), me = world_rank();
+  const int64_t R = 7, H = 5 * P + 1;  // hidden not divisible by P; a rank may hold 5 or 6
+  const Split cols = split_even(H, P);
+  const int64_t h = cols.count[me];
+  const std::vector<float> X = normal(30, 0, R * H, 3.0);
+  const std::vector<float> x = columns(X, R, H, cols.offset[me], h);
+  std::vector<float> y(R * h, -7.f), mean(R, -7.f), rstd(R, -7.f);
+  auto call = [&](int64_t rows) {
+    layer_norm_forward(*comm, view(x.data(), {rows, h}), {}, {}, view(y.data(), {rows, h}),
+                       view(mean.data(), {rows}), view(rstd.data(), {rows}));
+  };
+  for (int i = 1; i < 30; ++i) call(R);
+  EXPECT_EQ(comm->sequence(), 29u);
+
+  std::fill(y.begin(), y.end(), -7.f);
+  const std::string msg = error_of([&] { call(me == P - 1 ? R - 1 : R); }, ErrorCode::kMismatch);
+  EXPECT_NE(msg.find("ranks disagree on 'rows'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank " + std::to_string(P - 1)), std::string::npos) << msg;
+  int64_t touched = 0;
+  for (float v : y) touched += v != -7.f;
+  EXPECT_EQ(touched, 0) << "a failed call wrote its output";
+
+  // The next call agrees again and is right (the communicator was not left half-way).
+  call(R);
+  const RowRef ref = row_norm_reference(true, X, R, H, {}, {}, 1e-5);
+  int64_t wrong = 0;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < h; ++c)
+      wrong += std::fabs(y[r * h + c] - ref.y[r * H + cols.offset[me] + c]) > 1e-4;
+  EXPECT_EQ(sum_over_ranks(wrong), 0);
+}
+
+}  // namespace
