@@ -1,0 +1,310 @@
+// exact_sum.h — exact fixed-point sums, the statistics of Stats::kExact.
+//
+// Why: a float sum depends on how a row is split across ranks and in which order the pieces
+// are added; an integer sum does not. Every rank turns its partial sums into integers on ONE
+// grid that every rank knows without communicating, the ranks add the integers (one int64
+// all-reduce), and mean and variance come out of the integers exactly, each rounded once.
+//
+// The grid, the same for every storage dtype (fp32, bf16 and fp16 values all lie on it):
+//   values   v = k * 2^-149 (fp32's smallest subnormal) with |v| < 2^64   (kValueLsb, kMaxExp)
+//   squares  v^2 = k * 2^-298                                             (kSquareLsb)
+// Every finite value with |v| < 2^64, subnormals included, and its square is on the grid:
+// nothing is ever rounded. A value that is not finite or has |v| >= 2^64 is counted as "bad"
+// and left out of the sums; the ops make the statistics of such a row NaN, as a float sum of it
+// would be.
+//
+// Sizes, with n < 2^32 values a statistic over all ranks (kMaxCount):
+//   sum v    |.| < 2^(64+149+32) = 2^245 units of 2^-149   -> Sum1 = Wide<4> (256-bit signed)
+//   sum v^2   0 <= . < 2^(128+298+32) = 2^458 units of 2^-298 -> Sum2 = Wide<8> (512-bit)
+// On the wire a sum is split into limbs of kLimbBits = 52 bits: every limb but the top one in
+// [0, 2^52), the top one signed (|top| < 2^37 for Sum1, < 2^42 for Sum2). Up to kMaxRanks =
+// 2048 ranks add such limbs without overflowing int64, and unpack() adds the limbs back with
+// their carries, so any split of the values over ranks, in any order, gives the same integers.
+//   Sum1: kLimbs1 = 5 limbs (40 bytes)      Sum2: kLimbs2 = 9 limbs (72 bytes)
+//
+// Host and device: everything here is TPNORM_HD and uses only 64/128-bit integer arithmetic.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if __has_include("common/host_device.h")
+#include "common/host_device.h"
+#endif
+#ifndef TPNORM_HD
+#if defined(__CUDACC__)
+#define TPNORM_HD __host__ __device__
+#else
+#define TPNORM_HD
+#endif
+#endif
+
+namespace tpnorm::exact {
+
+constexpr int kValueLsb = -149;   ///< sums of values count units of 2^-149
+constexpr int kSquareLsb = -298;  ///< sums of squares count units of 2^-298
+constexpr int kMaxExp = 64;       ///< values need |v| < 2^kMaxExp
+constexpr int kLimbBits = 52;     ///< payload bits per int64 limb below the top one
+constexpr int kLimbs1 = 5;        ///< limbs of a sum of values
+constexpr int kLimbs2 = 9;        ///< limbs of a sum of squares
+constexpr int kMaxRanks = 2048;   ///< P * (2^52 - 1) < 2^63
+constexpr double kMaxCount = 4294967296.0;  ///< n < 2^32 values per statistic
+
+/// A W-word two's-complement integer, little-endian 64-bit words.
+template <int W>
+struct Wide {
+  uint64_t w[W] = {};
+};
+using Sum1 = Wide<4>;  ///< sum of values, units of 2^kValueLsb
+using Sum2 = Wide<8>;  ///< sum of squares, units of 2^kSquareLsb
+
+using u128 = unsigned __int128;
+
+template <int W>
+TPNORM_HD inline bool is_negative(const Wide<W>& a) {
+  return (a.w[W - 1] >> 63) != 0;
+}
+
+template <int W>
+TPNORM_HD inline bool is_zero(const Wide<W>& a) {
+  uint64_t o = 0;
+  for (int i = 0; i < W; ++i) o |= a.w[i];
+  return o == 0;
+}
+
+template <int W>
+TPNORM_HD inline bool operator==(const Wide<W>& a, const Wide<W>& b) {
+  for (int i = 0; i < W; ++i)
+    if (a.w[i] != b.w[i]) return false;
+  return true;
+}
+
+/// a += b (mod 2^(64W)).
+template <int W>
+TPNORM_HD inline void add(Wide<W>& a, const Wide<W>& b) {
+  uint64_t carry = 0;
+  for (int i = 0; i < W; ++i) {
+    const u128 s = static_cast<u128>(a.w[i]) + b.w[i] + carry;
+    a.w[i] = static_cast<uint64_t>(s);
+    carry = static_cast<uint64_t>(s >> 64);
+  }
+}
+
+template <int W>
+TPNORM_HD inline Wide<W> negated(const Wide<W>& a) {
+  Wide<W> r;
+  uint64_t carry = 1;
+  for (int i = 0; i < W; ++i) {
+    const u128 s = static_cast<u128>(~a.w[i]) + carry;
+    r.w[i] = static_cast<uint64_t>(s);
+    carry = static_cast<uint64_t>(s >> 64);
+  }
+  return r;
+}
+
+template <int W>
+TPNORM_HD inline Wide<W> magnitude(const Wide<W>& a) {
+  return is_negative(a) ? negated(a) : a;
+}
+
+/// a += v * 2^shift (0 <= shift, v * 2^shift within the width).
+template <int W>
+TPNORM_HD inline void add_shifted(Wide<W>& a, int64_t v, int shift) {
+  const int k = shift >> 6, b = shift & 63;
+  const __int128 t = static_cast<__int128>(v) * (static_cast<__int128>(1) << b);
+  const uint64_t ext = v < 0 ? ~uint64_t{0} : 0;  // sign extension above the two words
+  uint64_t carry = 0;
+  for (int i = k; i < W; ++i) {
+    const uint64_t part = i == k       ? static_cast<uint64_t>(t)
+                          : i == k + 1 ? static_cast<uint64_t>(static_cast<u128>(t) >> 64)
+                                       : ext;
+    const u128 s = static_cast<u128>(a.w[i]) + part + carry;
+    a.w[i] = static_cast<uint64_t>(s);
+    carry = static_cast<uint64_t>(s >> 64);
+  }
+}
+
+/// a += v * 2^shift for unsigned v (0 <= shift, within the width).
+template <int W>
+TPNORM_HD inline void add_shifted_unsigned(Wide<W>& a, uint64_t v, int shift) {
+  const int k = shift >> 6, b = shift & 63;
+  const u128 t = static_cast<u128>(v) << b;
+  uint64_t carry = 0;
+  for (int i = k; i < W; ++i) {
+    const uint64_t part = i == k ? static_cast<uint64_t>(t)
+                                 : i == k + 1 ? static_cast<uint64_t>(t >> 64) : 0;
+    if (i > k + 1 && carry == 0) break;
+    const u128 s = static_cast<u128>(a.w[i]) + part + carry;
+    a.w[i] = static_cast<uint64_t>(s);
+    carry = static_cast<uint64_t>(s >> 64);
+  }
+}
+
+/// a += b * 2^shift for b >= 0 (within the width).
+template <int W, int V>
+TPNORM_HD inline void add_shifted_wide(Wide<W>& a, const Wide<V>& b, int shift);
+
+/// a sign-extended (or truncated) to W2 words.
+template <int W2, int W>
+TPNORM_HD inline Wide<W2> widen(const Wide<W>& a) {
+  Wide<W2> r;
+  const uint64_t ext = is_negative(a) ? ~uint64_t{0} : 0;
+  for (int i = 0; i < W2; ++i) r.w[i] = i < W ? a.w[i] : ext;
+  return r;
+}
+
+/// a * m for a >= 0 (mod 2^(64W)).
+template <int W>
+TPNORM_HD inline Wide<W> times(const Wide<W>& a, uint64_t m) {
+  Wide<W> r;
+  uint64_t carry = 0;
+  for (int i = 0; i < W; ++i) {
+    const u128 p = static_cast<u128>(a.w[i]) * m + carry;
+    r.w[i] = static_cast<uint64_t>(p);
+    carry = static_cast<uint64_t>(p >> 64);
+  }
+  return r;
+}
+
+/// a * b for a, b >= 0, into 2W words.
+template <int W>
+TPNORM_HD inline Wide<2 * W> product(const Wide<W>& a, const Wide<W>& b) {
+  Wide<2 * W> r;
+  for (int i = 0; i < W; ++i) {
+    uint64_t carry = 0;
+    for (int j = 0; j < W; ++j) {
+      const u128 p = static_cast<u128>(a.w[i]) * b.w[j] + r.w[i + j] + carry;
+      r.w[i + j] = static_cast<uint64_t>(p);
+      carry = static_cast<uint64_t>(p >> 64);
+    }
+    r.w[i + W] = carry;
+  }
+  return r;
+}
+
+/// Bits of a >= 0 (0 for a == 0).
+template <int W>
+TPNORM_HD inline int bit_length(const Wide<W>& a) {
+  for (int i = W - 1; i >= 0; --i)
+    if (a.w[i]) {
+      int b = 64;
+      while (!(a.w[i] >> (b - 1))) --b;
+      return 64 * i + b;
+    }
+  return 0;
+}
+
+/// a * 2^s for a >= 0, 0 <= s (bits shifted past the top are lost).
+template <int W>
+TPNORM_HD inline Wide<W> shifted_left(const Wide<W>& a, int s) {
+  Wide<W> r;
+  const int k = s >> 6, b = s & 63;
+  for (int i = W - 1; i >= k; --i) {
+    uint64_t v = a.w[i - k] << b;
+    if (b && i - k - 1 >= 0) v |= a.w[i - k - 1] >> (64 - b);
+    r.w[i] = v;
+  }
+  return r;
+}
+
+template <int W, int V>
+TPNORM_HD inline void add_shifted_wide(Wide<W>& a, const Wide<V>& b, int shift) {
+  add(a, shifted_left(widen<W>(b), shift));
+}
+
+/// `count` (<= 64) bits of a >= 0 starting at bit `at`.
+template <int W>
+TPNORM_HD inline uint64_t bits_at(const Wide<W>& a, int at, int count) {
+  const int k = at >> 6, b = at & 63;
+  uint64_t v = k < W ? a.w[k] >> b : 0;
+  if (b && k + 1 < W) v |= a.w[k + 1] << (64 - b);
+  return count >= 64 ? v : v & ((uint64_t{1} << count) - 1);
+}
+
+/// Whether a >= 0 has a set bit below bit `at`.
+template <int W>
+TPNORM_HD inline bool any_below(const Wide<W>& a, int at) {
+  const int k = at >> 6, b = at & 63;
+  for (int i = 0; i < k && i < W; ++i)
+    if (a.w[i]) return true;
+  return b && k < W && (a.w[k] & ((uint64_t{1} << b) - 1));
+}
+
+/// q = a / d for a >= 0, d > 0; returns the remainder.
+template <int W>
+TPNORM_HD inline uint64_t divide(Wide<W>& a, uint64_t d) {
+  uint64_t rem = 0;
+  for (int i = W - 1; i >= 0; --i) {
+    const u128 cur = (static_cast<u128>(rem) << 64) | a.w[i];
+    a.w[i] = static_cast<uint64_t>(cur / d);
+    rem = static_cast<uint64_t>(cur % d);
+  }
+  return rem;
+}
+
+/// num / den * 2^exp2 rounded once to the nearest double (ties to even); num >= 0, den > 0.
+/// Results here stay far from double's subnormals and overflow (|exp2| < 400, num < 2^500).
+template <int W>
+TPNORM_HD inline double ratio(const Wide<W>& num, uint64_t den, int exp2) {
+  Wide<W + 3> a = widen<W + 3>(num);
+  const int b = bit_length(a);
+  if (b == 0) return 0.0;
+  // At least 128 bits over a 64-bit divisor: the quotient has >= 64 bits, enough for 53 + a
+  // rounding bit, and the remainder and the bits below say whether anything is left.
+  const int s = b < 128 ? 128 - b : 0;
+  a = shifted_left(a, s);
+  const uint64_t rem = divide(a, den);
+  const int t = bit_length(a) - 53;  // >= 11
+  uint64_t mant = bits_at(a, t, 53);
+  const bool half = bits_at(a, t - 1, 1) != 0;
+  const bool rest = rem != 0 || any_below(a, t - 1);
+  if (half && (rest || (mant & 1))) ++mant;  // 2^53 after a carry is still exact in double
+  return std::ldexp(static_cast<double>(mant), t + exp2 - s);
+}
+
+/// Splits v into `limbs` int64 limbs of kLimbBits bits (all but the top one in [0, 2^52)).
+template <int W>
+TPNORM_HD inline void pack(const Wide<W>& v, int64_t* out, int limbs) {
+  constexpr uint64_t mask = (uint64_t{1} << kLimbBits) - 1;
+  for (int i = 0; i + 1 < limbs; ++i)
+    out[i] = static_cast<int64_t>(bits_at(v, kLimbBits * i, kLimbBits) & mask);
+  // The top limb: an arithmetic shift of v by kLimbBits * (limbs - 1), which fits in 63 bits.
+  const int at = kLimbBits * (limbs - 1);
+  uint64_t top = bits_at(v, at, 64);
+  if (is_negative(v)) {
+    const int above = 64 * W - at;  // bits of v from `at` up, sign-extend the rest
+    if (above < 64) top |= ~uint64_t{0} << above;
+  }
+  out[limbs - 1] = static_cast<int64_t>(top);
+}
+
+/// The sum of limbs[i] * 2^(kLimbBits i), limbs in any range (e.g. summed over ranks).
+template <int W>
+TPNORM_HD inline Wide<W> unpack(const int64_t* limbs, int count) {
+  Wide<W> r;
+  for (int i = 0; i < count; ++i) add_shifted(r, limbs[i], kLimbBits * i);
+  return r;
+}
+
+/// sum v / n, rounded once. n >= 1.
+TPNORM_HD inline double mean(const Sum1& s1, uint64_t n) {
+  const double m = ratio(magnitude(s1), n, kValueLsb);
+  return is_negative(s1) ? -m : m;
+}
+
+/// (n sum v^2 - (sum v)^2) / n^2, the population variance, rounded once. 1 <= n < 2^32.
+/// The numerator is an integer (no cancellation), >= 0 by Cauchy-Schwarz.
+TPNORM_HD inline double variance(const Sum1& s1, const Sum2& s2, uint64_t n) {
+  const Sum1 m1 = magnitude(s1);
+  Sum2 num = times(s2, n);
+  add(num, negated(product(m1, m1)));
+  if (is_negative(num)) return 0.0;  // unreachable for sums of real values; keeps NaN away
+  return ratio(num, n * n, kSquareLsb);
+}
+
+/// sum v^2 / n, rounded once. n >= 1.
+TPNORM_HD inline double mean_square(const Sum2& s2, uint64_t n) {
+  return ratio(s2, n, kSquareLsb);
+}
+
+}  // namespace tpnorm::exact
