@@ -12,12 +12,13 @@
 
 namespace tpnorm {
 
-/// Storage types. Accumulation is float32 or float64 whatever the storage type.
-enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2, F64 = 3 };
+/// Storage types. Accumulation is float32 or float64 whatever the storage type. I64 is not a
+/// tensor dtype: it is the wire type of Stats::kExact (integer limbs summed by all_reduce_sum).
+enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2, F64 = 3, I64 = 4 };
 
 /// Size in bytes of one element of `t`.
 size_t dtype_size(DType t);
-/// "fp32", "fp16", "bf16", "fp64".
+/// "fp32", "fp16", "bf16", "fp64", "int64".
 const char* dtype_name(DType t);
 
 /// Where a view's memory lives. CUDA views carry the device ordinal.

@@ -25,8 +25,9 @@ namespace {
 MPI_Datatype mpi_type(DType t) {
   if (t == DType::F64) return MPI_DOUBLE;
   if (t == DType::F32) return MPI_FLOAT;
+  if (t == DType::I64) return MPI_INT64_T;  // Stats::kExact's limbs
   throw Error(ErrorCode::kInvalidArgument,
-              std::string("tpnorm: MPI all_reduce_sum supports fp32 and fp64 buffers, not ") +
+              std::string("tpnorm: MPI all_reduce_sum supports fp32, fp64 and int64 buffers, not ") +
                   dtype_name(t));
 }
 

@@ -11,6 +11,7 @@ size_t dtype_size(DType t) {
     case DType::BF16:
       return 2;
     case DType::F64:
+    case DType::I64:
       return 8;
     default:
       return 4;
@@ -25,6 +26,8 @@ const char* dtype_name(DType t) {
       return "bf16";
     case DType::F64:
       return "fp64";
+    case DType::I64:
+      return "int64";
     default:
       return "fp32";
   }

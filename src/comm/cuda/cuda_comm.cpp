@@ -142,8 +142,9 @@ class CudaSingleCommunicator final : public CudaCommBase {
 MPI_Datatype mpi_type(DType t) {
   if (t == DType::F64) return MPI_DOUBLE;
   if (t == DType::F32) return MPI_FLOAT;
+  if (t == DType::I64) return MPI_INT64_T;  // Stats::kExact's limbs
   throw Error(ErrorCode::kInvalidArgument,
-              std::string("tpnorm: MPI all_reduce_sum supports fp32 and fp64 buffers, not ") +
+              std::string("tpnorm: MPI all_reduce_sum supports fp32, fp64 and int64 buffers, not ") +
                   dtype_name(t));
 }
 
@@ -269,6 +270,7 @@ class MpiStagedCommunicator final : public CudaCommBase {
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
     case DType::F64: return ncclFloat64;
+    case DType::I64: return ncclInt64;
     case DType::F16: return ncclFloat16;
     case DType::BF16: return ncclBfloat16;
     default: return ncclFloat32;
