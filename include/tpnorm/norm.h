@@ -39,6 +39,14 @@ enum class Stats : int32_t {
   /// float32 sum and sum of squares, E[x^2] - E[x]^2: half the bytes, cancels catastrophically
   /// when |mean| >> std. Global element counts must stay below 2^24.
   kNaive = 1,
+  /// Exact sums: every rank's partial sums as integers on a grid fixed per mode (int64 limbs,
+  /// summed by one integer all-reduce), mean and variance computed from the integers and
+  /// rounded once. The same bits at every world size and split, for every output (y, saved
+  /// statistics, dx, dgamma, dbeta), and an exact variance at any offset. Inputs with a value
+  /// that is not finite or has |x| >= 2^64 give NaN statistics for that row. Payload per row:
+  /// LayerNorm forward 15 int64 (120 bytes), RMSNorm forward 10, LayerNorm backward 11, RMSNorm
+  /// backward 6; at most 2048 ranks and 2^32 values a row. CPU only so far.
+  kExact = 2,
 };
 
 /// Options shared by the norm calls. Grows by appending fields with defaults.

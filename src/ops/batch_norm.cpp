@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/dispatch.h"
+#include "kernels/cpu/exact_channels.h"
 #include "ops/batch_norm_stages.h"
 #include "ops/device_hooks.h"
 #include "ops/op_spec.h"
@@ -64,12 +65,13 @@ std::vector<double> load_stat(const TensorView& t, int64_t c) {
   return v;
 }
 
-// Payload: per channel {sum x, sum x^2} (forward) / {sum dy, sum dy*(x-mean)} (backward); the
-// count in the call header is N * inner of this rank.
-PayloadSize bn_payload(const kc::BatchNormArgs& a, bool collective) {
+// Payload: per channel {sum x, sum x^2} (forward) / {sum dy, sum dy*(x-mean)} (backward), or
+// Stats::kExact's int64 limbs of the same sums (kernels/cpu/exact_channels.h); the count in the
+// call header is N * inner of this rank.
+PayloadSize bn_payload(const kc::BatchNormArgs& a, bool collective, Stats stats, bool forward) {
   PayloadSize p;
   if (collective) {
-    p.values = static_cast<size_t>(2 * a.c);
+    p.values = static_cast<size_t>(a.c * (stats == Stats::kExact ? kc::exact_bn_limbs(forward) : 2));
     p.local_count = static_cast<double>(a.n * a.inner);
   }
 #ifdef TPNORM_WITH_CUDA
@@ -110,10 +112,18 @@ class BnForwardOp final : public SpecOf<BnForward> {
     call.agree("gamma", f_.gamma.present() ? 1 : 0);
     call.agree("beta", f_.beta.present() ? 1 : 0);
   }
-  PayloadSize payload() const override { return bn_payload(f_.a, f_.batch_stats); }
+  PayloadSize payload() const override {
+    return bn_payload(f_.a, f_.batch_stats, f_.opt.stats, true);
+  }
 
   void partial(PackedCall& call) override {
     if (!f_.batch_stats) return;
+    if (call.wire() == DType::I64)
+      return dispatch_storage(f_.x.dtype, [&](auto t) {
+        using T = decltype(t);
+        kc::bn_exact_partial_forward<T>(f_.a, static_cast<const T*>(f_.x.data),
+                                        call.payload<int64_t>());
+      });
     dispatch_storage(f_.x.dtype, [&](auto t) {
       dispatch_acc(call.wire(), [&](auto w) {
         using T = decltype(t);
@@ -132,9 +142,12 @@ class BnForwardOp final : public SpecOf<BnForward> {
         throw Error(ErrorCode::kInvalidArgument,
                     std::string("tpnorm: ") + name() + ": expected more than 1 value per channel " +
                         "over all ranks, got " + std::to_string(static_cast<int64_t>(n)));
-      dispatch_acc(call.wire(), [&](auto w) {
-        kc::bn_moments(c, call.payload<decltype(w)>(), n, mean.data(), var.data());
-      });
+      if (call.wire() == DType::I64)
+        kc::bn_exact_moments(c, call.payload<int64_t>(), n, mean.data(), var.data());
+      else
+        dispatch_acc(call.wire(), [&](auto w) {
+          kc::bn_moments(c, call.payload<decltype(w)>(), n, mean.data(), var.data());
+        });
       if (f_.opt.training && f_.tracking) update_running(mean, var, n);
     } else {
       mean = load_stat(f_.running_mean, c);
@@ -194,11 +207,12 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
     call.agree("gamma", b_.gamma.present() ? 1 : 0);
   }
   // In eval too: the partial's local sums give dgamma / dbeta.
-  PayloadSize payload() const override { return bn_payload(b_.a, true); }
+  PayloadSize payload() const override { return bn_payload(b_.a, true, b_.opt.stats, false); }
 
   // This rank's partials, kept for dgamma / dbeta (local sums) before the payload is summed.
   void partial(PackedCall& call) override {
     local_.assign(static_cast<size_t>(2 * b_.a.c), 0.0);
+    if (call.wire() == DType::I64) return exact_partial(call);
     dispatch(call, [&](auto t, auto w, auto s) {
       using T = decltype(t);
       using W = decltype(w);
@@ -211,6 +225,7 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
     });
   }
   void apply(PackedCall& call) override {
+    if (call.wire() == DType::I64) return exact_apply(call);
     double n = 0;
     if (b_.opt.training) {
       n = call.global_count();
@@ -240,6 +255,45 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
   template <class Fn>
   void dispatch(PackedCall& call, Fn&& fn) {
     dispatch_kernel_types(b_.x.dtype, call.wire(), b_.save_mean.dtype, fn);
+  }
+
+  // Stats::kExact: the limbs of the exact sums; this rank's rounded once for dgamma / dbeta.
+  void exact_partial(PackedCall& call) {
+    dispatch_storage(b_.x.dtype, [&](auto t) {
+      dispatch_acc(b_.save_mean.dtype, [&](auto s) {
+        using T = decltype(t);
+        using S = decltype(s);
+        kc::bn_exact_partial_backward<T, S>(b_.a, static_cast<const T*>(b_.dy.data),
+                                            static_cast<const T*>(b_.x.data),
+                                            static_cast<const S*>(b_.save_mean.data),
+                                            call.payload<int64_t>());
+      });
+    });
+    kc::bn_exact_backward_sums(b_.a.c, call.payload<int64_t>(), 1.0, local_.data());
+  }
+  // The summed limbs come out divided by the count and rounded once, so bn_apply_backward
+  // takes them with n = 1 (eval: zero sums and n = 0, dx = gamma*invstd*dy).
+  void exact_apply(PackedCall& call) {
+    std::vector<double> sums(static_cast<size_t>(2 * b_.a.c), 0.0);
+    double n = 0;
+    if (b_.opt.training) {
+      check_naive_count(b_.opt.stats, call.global_count(), name(), "channel");
+      kc::bn_exact_backward_sums(b_.a.c, call.payload<int64_t>(), call.global_count(),
+                                 sums.data());
+      n = 1;
+    }
+    dispatch_kernel_types(b_.x.dtype, DType::F64, b_.save_mean.dtype, [&](auto t, auto, auto s) {
+      using T = decltype(t);
+      using S = decltype(s);
+      kc::bn_apply_backward<T, double, S>(
+          b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
+          static_cast<const T*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
+          static_cast<const S*>(b_.save_invstd.data), sums.data(), n,
+          static_cast<T*>(b_.dx.data));
+      kc::bn_param_grads<T, double, S>(
+          b_.a.c, local_.data(), static_cast<const S*>(b_.save_invstd.data),
+          static_cast<T*>(b_.dgamma.data), static_cast<T*>(b_.dbeta.data));
+    });
   }
 
   const BnBackward& b_ = args_;

@@ -93,7 +93,7 @@ class BatchedOp final : public OpSpec {
     for (size_t i = 0; i < count; ++i) {
       args_.push_back(Stages::args(items[i]));
       offsets_.push_back(total_);
-      total_ += args_.back().stat_values();
+      total_ += args_.back().stat_values(opt.stats);
 #ifdef TPNORM_WITH_CUDA
       scratch_at_.push_back(scratch_);
       scratch_ += (Stages::scratch_device(args_.back()) + 255) / 256 * 256;
@@ -135,16 +135,22 @@ class BatchedOp final : public OpSpec {
   void partial(PackedCall& call) override {
     for (size_t i = 0; i < args_.size(); ++i) {
       const double cols = static_cast<double>(args_[i].g.h);
-      dispatch_acc(call.wire(), [&](auto w) {
-        call.payload<decltype(w)>()[i] = static_cast<decltype(w)>(cols);
-      });
+      if (call.wire() == DType::I64)  // Stats::kExact
+        call.payload<int64_t>()[i] = args_[i].g.h;
+      else
+        dispatch_acc(call.wire(), [&](auto w) {
+          call.payload<decltype(w)>()[i] = static_cast<decltype(w)>(cols);
+        });
       Stages::partial(args_[i], call.wire(), at(call, offsets_[i]), opt_);
     }
   }
   void apply(PackedCall& call) override {
     for (size_t i = 0; i < args_.size(); ++i) {
       double n = 0;
-      dispatch_acc(call.wire(), [&](auto w) { n = call.payload<decltype(w)>()[i]; });
+      if (call.wire() == DType::I64)
+        n = static_cast<double>(call.payload<int64_t>()[i]);
+      else
+        dispatch_acc(call.wire(), [&](auto w) { n = call.payload<decltype(w)>()[i]; });
       check_naive_count(opt_.stats, n, name(), "row");
       Stages::apply(args_[i], call.wire(), at(call, offsets_[i]), n, opt_);
     }

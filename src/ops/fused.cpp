@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/dispatch.h"
 #include "kernels/cpu/residual.h"
@@ -97,21 +98,28 @@ class FusedForwardOp final : public SpecOf<FusedForward> {
   // length of its collective.
   PayloadSize payload() const override {
     const RowGeometry& g = args_.gx;
-    return {static_cast<size_t>(g.rows * row_stat_width(args_.norm.a.centered)),
+    return {static_cast<size_t>(g.rows * row_stat_width(args_.norm.a.centered,
+                                                        args_.norm.opt.stats, true)),
             static_cast<double>(g.h)};
   }
   void partial(PackedCall& call) override {
     const FusedForward& a = args_;
     const kc::RowNormArgs k{a.gx.rows, a.gx.h, a.norm.a.centered, a.norm.run.threads};
+    // Stats::kExact: h through the same residual kernel (its float64 sums to scratch), then
+    // the exact row partial on h.
+    const bool exact = call.wire() == DType::I64;
+    std::vector<double> scratch(exact ? static_cast<size_t>(2 * a.gx.rows) : 0);
     dispatch_storage(a.x.dtype, [&](auto t) {
-      dispatch_acc(call.wire(), [&](auto w) {
+      dispatch_acc(exact ? DType::F64 : call.wire(), [&](auto w) {
         using T = decltype(t);
         using W = decltype(w);
         kc::residual_partial_forward<T, W>(
             k, static_cast<const T*>(a.x.data), static_cast<const T*>(a.f.data),
-            static_cast<float>(a.alpha), static_cast<T*>(a.norm.a.x.data), call.payload<W>());
+            static_cast<float>(a.alpha), static_cast<T*>(a.norm.a.x.data),
+            exact ? reinterpret_cast<W*>(scratch.data()) : call.payload<W>());
       });
     });
+    if (exact) row_forward_partial(a.norm.a, call.wire(), call.payload_data(), a.norm.run);
   }
   void apply(PackedCall& call) override {
     const RowForwardCall& n = args_.norm;
@@ -143,7 +151,7 @@ class FusedBackwardOp final : public SpecOf<FusedBackward> {
   }
   PayloadSize payload() const override {
     const RowBackward& n = args_.norm.a;
-    PayloadSize p{n.stat_values(), static_cast<double>(n.g.h)};
+    PayloadSize p{n.stat_values(args_.norm.opt.stats), static_cast<double>(n.g.h)};
 #ifdef TPNORM_WITH_CUDA
     p.device_scratch = row_backward_scratch_cuda(args_.norm);
 #endif

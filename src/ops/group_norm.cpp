@@ -72,6 +72,8 @@ struct GroupBackward {
 };
 
 void validate_grouping(Validator& v, const Grouping& grp) {
+  if (grp.opt.stats == Stats::kExact)
+    v.fail("stats", "Stats::kExact is not implemented for GroupNorm / InstanceNorm yet");
   const ChannelGroups& cg = grp.cg;
   const Geometry& g = grp.g;
   v.usable("x", grp.x);

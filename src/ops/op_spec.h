@@ -30,18 +30,21 @@
 
 namespace tpnorm::detail {
 
-/// The wire type of a statistics mode: float64 robust, float32 naive.
+/// The wire type of a statistics mode: float64 robust, float32 naive, int64 limbs exact.
 inline DType wire_of(Stats s) {
   switch (s) {
     case Stats::kNaive:
       return DType::F32;
+    case Stats::kExact:
+      return DType::I64;
     default:
       return DType::F64;
   }
 }
 
-/// Float32 wire counts are exact below 2^24 only: throws (on every rank together when n is a
-/// reduced count) beyond that. `per` names the statistic set, e.g. "row", "channel".
+/// Float32 wire counts are exact below 2^24 only, and Stats::kExact's integers have room for
+/// fewer than 2^32 values a statistic: throws (on every rank together when n is a reduced
+/// count) beyond that. `per` names the statistic set, e.g. "row", "channel".
 void check_naive_count(Stats s, double n, const char* op, const char* per);
 
 /// The dtype of saved statistics: rstd's, else mean's, else float32 (nothing saved).

@@ -18,12 +18,16 @@ namespace {
 
 namespace ch = call_header;
 
+// Header values are small integers in every wire type (int64 in Stats::kExact).
 double load(const void* base, DType wire, size_t i) {
+  if (wire == DType::I64) return static_cast<double>(static_cast<const int64_t*>(base)[i]);
   return wire == DType::F64 ? static_cast<const double*>(base)[i]
                             : static_cast<double>(static_cast<const float*>(base)[i]);
 }
 void store(void* base, DType wire, size_t i, double v) {
-  if (wire == DType::F64)
+  if (wire == DType::I64)
+    static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+  else if (wire == DType::F64)
     static_cast<double*>(base)[i] = v;
   else
     static_cast<float*>(base)[i] = static_cast<float>(v);
@@ -121,7 +125,8 @@ void PackedCall::write_header(void* base, DType as) const {
     h = fnv1a(h, f.name, std::strlen(f.name));
     h = fnv1a(h, &f.value, sizeof f.value);
   }
-  const int b = ch::chunk_bits(wire_ == DType::F64 ? 53 : 24, comm_.size());
+  const int b = ch::chunk_bits(wire_ == DType::I64 ? 63 : wire_ == DType::F64 ? 53 : 24,
+                               comm_.size());
   for (int i = 0; i < ch::kChunks; ++i) {
     const double c = static_cast<double>((h >> (ch::kChunkStride * i)) & ((1ULL << b) - 1));
     store(base, as, ch::chunk_index(i), c);

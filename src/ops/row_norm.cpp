@@ -14,8 +14,9 @@ namespace {
 // At one rank the reduce is the identity, so the apply kernels compute each row's statistics
 // themselves while the row is in cache (row_stages.h RowRun); the call still makes its one
 // collective, which checks the arguments, before any output is written.
+// Not in Stats::kExact, whose partial (exact integers) is not the apply kernels' own sums.
 RowRun row_run(const Communicator& comm, const NormOptions& opt) {
-  return {opt.num_threads, comm.size() == 1};
+  return {opt.num_threads, comm.size() == 1 && opt.stats != Stats::kExact};
 }
 
 void agree_rows(PackedCall& call, const TensorView& x, int64_t rows, bool centered,
@@ -42,7 +43,7 @@ class RowForwardOp final : public SpecOf<RowForwardCall> {
     call.agree("beta", a.beta.present() ? 1 : 0);
   }
   PayloadSize payload() const override {
-    return {args_.a.stat_values(), static_cast<double>(args_.a.g.h)};
+    return {args_.a.stat_values(args_.opt.stats), static_cast<double>(args_.a.g.h)};
   }
   void partial(PackedCall& call) override {
     if (!args_.run.fused) row_forward_partial(args_.a, call.wire(), call.payload_data(), args_.run);
@@ -65,7 +66,7 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
     call.agree("gamma", a.gamma.present() ? 1 : 0);
   }
   PayloadSize payload() const override {
-    PayloadSize p{args_.a.stat_values(), static_cast<double>(args_.a.g.h)};
+    PayloadSize p{args_.a.stat_values(args_.opt.stats), static_cast<double>(args_.a.g.h)};
 #ifdef TPNORM_WITH_CUDA
     p.device_scratch = row_backward_scratch_cuda(args_);
 #endif

@@ -1,7 +1,10 @@
 // row_stages.cpp — see row_stages.h. The dtype dispatch of the CPU row kernels lives here once.
 #include "ops/row_stages.h"
 
+#include <vector>
+
 #include "common/dispatch.h"
+#include "kernels/cpu/exact_rows.h"
 #include "kernels/cpu/row_norm.h"
 
 namespace tpnorm::detail {
@@ -13,7 +16,23 @@ kc::RowNormArgs kernel_args(const RowGeometry& g, bool centered, RowRun run) {
   return {g.rows, g.h, centered, run.threads, run.fused};
 }
 
+// Stats::kExact (wire int64): the summed limbs become each row's final statistics, which the
+// apply kernels then take as they are (RowNormArgs::final_stats) in place of the W moments.
+std::vector<double> exact_final_stats(kc::RowNormArgs& k, bool forward, const void* limbs,
+                                      double n) {
+  std::vector<double> out(static_cast<size_t>(k.rows * (k.centered ? 2 : 1)));
+  kc::exact_row_finish(k, forward, static_cast<const int64_t*>(limbs), n, out.data());
+  k.final_stats = true;
+  k.fused = false;
+  return out;
+}
+
 }  // namespace
+
+int64_t row_stat_width(bool centered, Stats stats, bool forward) {
+  if (stats == Stats::kExact) return kc::exact_row_limbs(centered, forward);
+  return centered ? 2 : 1;
+}
 
 RowGeometry row_geometry(const TensorView& x) {
   RowGeometry g;
@@ -53,6 +72,12 @@ void validate_row_backward(Validator& v, const std::string& p, const RowBackward
 
 void row_forward_partial(const RowForward& a, DType wire, void* stats, RowRun run) {
   const kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  if (wire == DType::I64)
+    return dispatch_storage(a.x.dtype, [&](auto t) {
+      using T = decltype(t);
+      kc::row_exact_partial_forward<T>(k, static_cast<const T*>(a.x.data),
+                                       static_cast<int64_t*>(stats));
+    });
   dispatch_storage(a.x.dtype, [&](auto t) {
     dispatch_acc(wire, [&](auto w) {
       using T = decltype(t);
@@ -64,7 +89,13 @@ void row_forward_partial(const RowForward& a, DType wire, void* stats, RowRun ru
 
 void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, double eps,
                        RowRun run) {
-  const kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  std::vector<double> exact;
+  if (wire == DType::I64) {
+    exact = exact_final_stats(k, true, stats, n);
+    stats = exact.data();
+    wire = DType::F64;
+  }
   dispatch_kernel_types(a.x.dtype, wire, saved_dtype(a.mean, a.rstd), [&](auto t, auto w, auto s) {
     using T = decltype(t);
     using W = decltype(w);
@@ -79,6 +110,18 @@ void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, d
 
 void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun run) {
   const kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  if (wire == DType::I64)
+    return dispatch_storage(a.x.dtype, [&](auto t) {
+      dispatch_acc(a.rstd.dtype, [&](auto s) {
+        using T = decltype(t);
+        using S = decltype(s);
+        kc::row_exact_partial_backward<T, S>(
+            k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
+            static_cast<const T*>(a.gamma.data),
+            a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
+            static_cast<const S*>(a.rstd.data), static_cast<int64_t*>(stats));
+      });
+    });
   dispatch_kernel_types(a.x.dtype, wire, a.rstd.dtype, [&](auto t, auto w, auto s) {
     using T = decltype(t);
     using W = decltype(w);
@@ -92,7 +135,13 @@ void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun 
 }
 
 void row_backward_apply(const RowBackward& a, DType wire, void* stats, double n, RowRun run) {
-  const kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  std::vector<double> exact;
+  if (wire == DType::I64) {
+    exact = exact_final_stats(k, false, stats, n);
+    stats = exact.data();
+    wire = DType::F64;
+  }
   dispatch_kernel_types(a.x.dtype, wire, a.rstd.dtype, [&](auto t, auto w, auto s) {
     using T = decltype(t);
     using W = decltype(w);

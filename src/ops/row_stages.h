@@ -21,8 +21,9 @@ struct RowGeometry {
 /// {0, 0} for a shape the validator rejects (see shape_fits).
 RowGeometry row_geometry(const TensorView& x);
 
-/// Payload values per row: {sum x, sum x^2} / {sum g, sum g*xhat} centred, one value for RMS.
-inline int64_t row_stat_width(bool centered) { return centered ? 2 : 1; }
+/// Payload values per row: {sum x, sum x^2} / {sum g, sum g*xhat} centred, one value for RMS;
+/// in Stats::kExact int64 limbs (kernels/cpu/exact_rows.h), which differ forward and backward.
+int64_t row_stat_width(bool centered, Stats stats, bool forward);
 
 /// One forward row tensor with its geometry, computed once. mean and beta are ignored when
 /// !centered (RMSNorm).
@@ -41,7 +42,9 @@ struct RowForward {
   TensorView x, gamma, beta, y, mean, rstd;
   RowGeometry g;
   /// Payload values of this tensor's statistics (rows * row_stat_width).
-  size_t stat_values() const { return static_cast<size_t>(g.rows * row_stat_width(centered)); }
+  size_t stat_values(Stats s) const {
+    return static_cast<size_t>(g.rows * row_stat_width(centered, s, true));
+  }
 };
 
 /// One backward row tensor; mean and dbeta are ignored when !centered.
@@ -62,7 +65,9 @@ struct RowBackward {
   bool centered;
   TensorView dy, x, gamma, mean, rstd, dx, dgamma, dbeta;
   RowGeometry g;
-  size_t stat_values() const { return static_cast<size_t>(g.rows * row_stat_width(centered)); }
+  size_t stat_values(Stats s) const {
+    return static_cast<size_t>(g.rows * row_stat_width(centered, s, false));
+  }
 };
 
 /// Local checks (the first failure is recorded on v). `prefix` names the tensor in messages,

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "common/exact_sum.h"
 #include "ops/op_spec.h"
 #include "tpnorm/error.h"
 
@@ -14,6 +15,11 @@ void check_naive_count(Stats s, double n, const char* op, const char* per) {
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("tpnorm: ") + op +
                     ": the naive statistics mode supports fewer than 2^24 elements per " + per +
+                    "; use Stats::kRobust");
+  if (s == Stats::kExact && n >= exact::kMaxCount)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("tpnorm: ") + op +
+                    ": the exact statistics mode supports fewer than 2^32 elements per " + per +
                     "; use Stats::kRobust");
 }
 
@@ -79,6 +85,13 @@ void StartedOp::start() {
       v.fail("comm", "is a device communicator; this op has CPU kernels only so far");
   }
   on_device_ = dev_ && op_.has_device_kernels();
+  // Stats::kExact: CPU kernels only so far, and int64 limbs with headroom for kMaxRanks.
+  if (op_.stats() == Stats::kExact && dev_)
+    v.fail("stats", "Stats::kExact has CPU kernels only so far; use a host communicator or "
+                    "Stats::kRobust");
+  if (op_.stats() == Stats::kExact && comm_.size() > exact::kMaxRanks)
+    v.fail("stats", "Stats::kExact supports at most " + std::to_string(exact::kMaxRanks) +
+                        " ranks, the communicator has " + std::to_string(comm_.size()));
 
   op_.validate(v);
   op_.agree(call_);

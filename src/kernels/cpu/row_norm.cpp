@@ -38,6 +38,10 @@ namespace {
 
 // Rows whose float32 dgamma/dbeta sums are added into the double ones at a time.
 constexpr int kParamRows = 16;
+// With final_stats (Stats::kExact), dgamma/dbeta are summed per block of kFixedRows rows, in
+// row order, and the blocks' sums added in block order: the same bits for any thread count
+// (threads take whole blocks), where per-thread sums depend on how rows fall to threads.
+constexpr int64_t kFixedRows = 256;
 
 // tensors: how many row-major [rows, h] tensors the kernel reads and writes.
 template <class T>
@@ -136,7 +140,10 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T
       W* st = stats + r * k;
       if (a.fused) forward_sums(a, xr, st);
       W mu = 0, var = 0;
-      if (n > 0) {
+      if (a.final_stats) {
+        mu = a.centered ? st[0] : W(0);
+        var = st[k - 1];
+      } else if (n > 0) {
         if (a.centered) {
           mu = st[0] / static_cast<W>(n);
           var = st[1] / static_cast<W>(n) - mu * mu;
@@ -188,7 +195,12 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
   const bool params = dgamma || dbeta;
   const bool stream = stream_rows<T>(a, 3);
   // Per-thread column sums in double, added in a fixed order: deterministic for a thread count.
-  std::vector<double> acc(params ? static_cast<size_t>(nt) * 2 * h : 0, 0.0);
+  // With final_stats: per-block sums instead (kFixedRows), deterministic for any thread count.
+  const bool fixed = params && a.final_stats;
+  const int64_t span = fixed ? kFixedRows : 1;  // rows per work item of the loop
+  const int64_t items = (a.rows + span - 1) / span;
+  const int64_t slots = fixed ? items : nt;
+  std::vector<double> acc(params ? static_cast<size_t>(slots) * 2 * h : 0, 0.0);
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
@@ -211,31 +223,39 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
       pending = 0;
     };
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < a.rows; ++r) {
-      float mh = 0, mt = 0;
-      if (a.centered) split_mean(mean[r], mh, mt);
-      const float rs = static_cast<float>(rstd[r]);
-      const T* xr = x + r * h;
-      const T* dyr = dy + r * h;
-      W* st = stats + r * k;
-      if (a.fused)
-        backward_sums(a, dyr, xr, gamma, mh, mt, rs, st, ahead(a, dy, r), ahead(a, x, r));
-      const float c1 = a.centered ? static_cast<float>(st[0] / static_cast<W>(n)) : 0.0f;
-      const float c2 = static_cast<float>(st[k - 1] / static_cast<W>(n));
-      write_row(dx + r * h, h, stream, ahead(a, x, r), ahead(a, dy, r),
-                [=](int64_t j, auto tag) {
-                  using V = decltype(tag);
-                  const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
-                  const V d = load_as<V>(dyr + j);
-                  const V g = gamma ? d * load_as<V>(gamma + j) : d;
-                  if (params) {  // both loads before the stores (these may alias)
-                    const V g0 = load_as<V>(dgf + j), b0 = load_as<V>(dbf + j);
-                    store_as(dgf + j, fmadd(d, xhat, g0));
-                    store_as(dbf + j, b0 + d);
-                  }
-                  return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
-                });
-      if (params && ++pending == kParamRows) flush();
+    for (int64_t item = 0; item < items; ++item) {
+      if (fixed) {
+        dg = acc.data() + static_cast<size_t>(item) * 2 * h;
+        db = dg + h;
+      }
+      for (int64_t r = item * span; r < std::min(a.rows, (item + 1) * span); ++r) {
+        float mh = 0, mt = 0;
+        if (a.centered) split_mean(mean[r], mh, mt);
+        const float rs = static_cast<float>(rstd[r]);
+        const T* xr = x + r * h;
+        const T* dyr = dy + r * h;
+        W* st = stats + r * k;
+        if (a.fused)
+          backward_sums(a, dyr, xr, gamma, mh, mt, rs, st, ahead(a, dy, r), ahead(a, x, r));
+        const W div = a.final_stats ? W(1) : static_cast<W>(n);
+        const float c1 = a.centered ? static_cast<float>(st[0] / div) : 0.0f;
+        const float c2 = static_cast<float>(st[k - 1] / div);
+        write_row(dx + r * h, h, stream, ahead(a, x, r), ahead(a, dy, r),
+                  [=](int64_t j, auto tag) {
+                    using V = decltype(tag);
+                    const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
+                    const V d = load_as<V>(dyr + j);
+                    const V g = gamma ? d * load_as<V>(gamma + j) : d;
+                    if (params) {  // both loads before the stores (these may alias)
+                      const V g0 = load_as<V>(dgf + j), b0 = load_as<V>(dbf + j);
+                      store_as(dgf + j, fmadd(d, xhat, g0));
+                      store_as(dbf + j, b0 + d);
+                    }
+                    return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
+                  });
+        if (params && ++pending == kParamRows) flush();
+      }
+      if (fixed && pending > 0) flush();
     }
     if (params && pending > 0) flush();
     if (stream) stream_fence();
@@ -243,7 +263,7 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
   if (!params) return;
   for (int64_t j = 0; j < h; ++j) {
     double g = 0, b = 0;
-    for (int t = 0; t < nt; ++t) {
+    for (int64_t t = 0; t < slots; ++t) {
       g += acc[static_cast<size_t>(t) * 2 * h + j];
       b += acc[static_cast<size_t>(t) * 2 * h + h + j];
     }

@@ -22,6 +22,10 @@ struct RowNormArgs {
   /// One rank (the reduce is the identity): the apply_* kernels compute each row's statistics
   /// themselves, while the row is in cache, and write them to `stats` instead of reading it.
   bool fused = false;
+  /// Stats::kExact: `stats` already holds each row's final values, rounded once from exact
+  /// sums (kernels/cpu/exact_rows.h): forward {mean, var} centred or {mean square}; backward
+  /// {sum g / n, sum g*xhat / n} or {sum g*xhat / n}. The apply kernels use them as they are.
+  bool final_stats = false;
 };
 
 template <class T, class W>

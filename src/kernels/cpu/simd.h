@@ -8,6 +8,7 @@
 // load_as / store_as convert fp16/bf16 lane by lane (a generic, slower path; fp32 is the fast one).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -79,7 +80,10 @@ inline vf fmadd(vf a, vf b, vf c) { return {a.v * b.v + c.v}; }
 inline float hsum(vf a) { return a.v; }
 #endif
 inline vf& operator+=(vf& a, vf b) { return a = a + b; }
-inline float fmadd(float a, float b, float c) { return a * b + c; }
+// The scalar form is fused too, whatever -ffp-contract says: an element in a row's scalar tail
+// gets the bits it would get in a vector, which Stats::kExact needs at every world size (how a
+// row is split decides which columns fall in a tail).
+inline float fmadd(float a, float b, float c) { return std::fma(a, b, c); }
 
 /// Orders earlier streaming stores before later loads/stores (e.g. before another thread reads).
 inline void stream_fence() {

@@ -1,0 +1,155 @@
+// exact_rows.cpp — CPU kernels of Stats::kExact for row norms; see exact_rows.h.
+//
+// A row is summed in pieces of kPiece values through exact_accumulate (kernels/cpu/
+// exact_bins.h): fp16/bf16 rows and the backward's terms g and g*xhat are first formed as
+// float32 in a small buffer (the terms with the vector formula of every rank, so the integers
+// do not depend on where a column sits). The sums are exact, so the pieces, the vector width
+// and the thread count change nothing.
+#include "kernels/cpu/exact_rows.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "common/exact_sum.h"
+#include "common/half.h"
+#include "kernels/cpu/exact_bins.h"
+#include "kernels/cpu/loops.h"
+
+namespace tpnorm::kernels::cpu {
+namespace {
+
+// TEMPORARY until the shared helpers of loops.h land.
+inline int exact_thread_count(int requested, int64_t work) {
+  const int t = requested > 0 ? requested : omp_get_max_threads();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work)));
+}
+template <class S>
+inline void exact_split_mean(S mean, float& head, float& tail) {
+  head = static_cast<float>(mean);
+  tail = static_cast<float>(static_cast<double>(mean) - static_cast<double>(head));
+}
+#define TPNORM_FOR_EACH_STORAGE(M) M(float) M(f16) M(bf16)
+
+constexpr int64_t kPiece = 2048;  // float32 values formed at a time (8 KiB a buffer)
+
+struct RowSums {
+  exact::Sum1 s1, t1;  // sum x (forward) or sum g (backward); sum g*xhat (backward)
+  exact::Sum2 s2;      // sum x^2 (forward)
+  int64_t bad = 0;
+};
+
+}  // namespace
+
+int exact_row_limbs(bool centered, bool forward) {
+  const int second = forward ? exact::kLimbs2 : exact::kLimbs1;
+  return 1 + (centered ? exact::kLimbs1 : 0) + second;
+}
+
+template <class T>
+void row_exact_partial_forward(const RowNormArgs& a, const T* x, int64_t* limbs) {
+  const int k = exact_row_limbs(a.centered, true);
+#pragma omp parallel for num_threads(exact_thread_count(a.threads, a.rows)) schedule(static)
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const T* xr = x + r * a.h;
+    RowSums s;
+    if constexpr (std::is_same_v<T, float>) {
+      exact_accumulate(xr, a.h, s.s1, &s.s2, s.bad);
+    } else {
+      alignas(64) float buf[kPiece];
+      for (int64_t j0 = 0; j0 < a.h; j0 += kPiece) {
+        const int64_t n = std::min(kPiece, a.h - j0);
+        for (int64_t j = 0; j < n; ++j) buf[j] = to_float(xr[j0 + j]);
+        exact_accumulate(buf, n, s.s1, &s.s2, s.bad);
+      }
+    }
+    int64_t* out = limbs + r * k;
+    out[0] = s.bad;
+    if (a.centered) exact::pack(s.s1, out + 1, exact::kLimbs1);
+    exact::pack(s.s2, out + k - exact::kLimbs2, exact::kLimbs2);
+  }
+}
+
+template <class T, class S>
+void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+                                const S* mean, const S* rstd, int64_t* limbs) {
+  const int k = exact_row_limbs(a.centered, false);
+#pragma omp parallel for num_threads(exact_thread_count(a.threads, a.rows)) schedule(static)
+  for (int64_t r = 0; r < a.rows; ++r) {
+    float mh = 0, mt = 0;
+    if (a.centered) exact_split_mean(mean[r], mh, mt);
+    const float rs = static_cast<float>(rstd[r]);
+    const T* xr = x + r * a.h;
+    const T* dyr = dy + r * a.h;
+    RowSums s;
+    alignas(64) float g[kPiece], gx[kPiece];
+    for (int64_t j0 = 0; j0 < a.h; j0 += kPiece) {
+      const int64_t n = std::min(kPiece, a.h - j0);
+      // The terms as the apply kernels form them: xhat = ((x - mh) - mt) * rs, g = dy * gamma.
+      auto terms = [&](int64_t j, auto tag) {
+        using V = decltype(tag);
+        const V xhat = ((load_as<V>(xr + j0 + j) - splat<V>(mh)) - splat<V>(mt)) * splat<V>(rs);
+        const V d = load_as<V>(dyr + j0 + j);
+        const V gg = gamma ? d * load_as<V>(gamma + j0 + j) : d;
+        store_as(g + j, gg);
+        store_as(gx + j, gg * xhat);
+      };
+      int64_t j = 0;
+      for (; j + vf::L <= n; j += vf::L) terms(j, vf{});
+      for (; j < n; ++j) terms(j, 0.0f);
+      if (a.centered) exact_accumulate(g, n, s.s1, nullptr, s.bad);
+      exact_accumulate(gx, n, s.t1, nullptr, s.bad);
+    }
+    int64_t* out = limbs + r * k;
+    out[0] = s.bad;
+    if (a.centered) exact::pack(s.s1, out + 1, exact::kLimbs1);
+    exact::pack(s.t1, out + k - exact::kLimbs1, exact::kLimbs1);
+  }
+}
+
+void exact_row_finish(const RowNormArgs& a, bool forward, const int64_t* limbs, double n,
+                      double* stats) {
+  const int k = exact_row_limbs(a.centered, forward);
+  const int w = a.centered ? 2 : 1;
+  const auto count = static_cast<uint64_t>(n);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+#pragma omp parallel for num_threads(exact_thread_count(a.threads, a.rows)) schedule(static)
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int64_t* in = limbs + r * k;
+    double* st = stats + r * w;
+    if (in[0] != 0) {  // a bad value somewhere in the row, on some rank
+      for (int i = 0; i < w; ++i) st[i] = nan;
+      continue;
+    }
+    if (count == 0) {
+      for (int i = 0; i < w; ++i) st[i] = 0.0;
+      continue;
+    }
+    if (forward) {
+      const exact::Sum2 s2 = exact::unpack<8>(in + k - exact::kLimbs2, exact::kLimbs2);
+      if (a.centered) {
+        const exact::Sum1 s1 = exact::unpack<4>(in + 1, exact::kLimbs1);
+        st[0] = exact::mean(s1, count);
+        st[1] = exact::variance(s1, s2, count);
+      } else {
+        st[0] = exact::mean_square(s2, count);
+      }
+    } else {
+      if (a.centered) st[0] = exact::mean(exact::unpack<4>(in + 1, exact::kLimbs1), count);
+      st[w - 1] = exact::mean(exact::unpack<4>(in + k - exact::kLimbs1, exact::kLimbs1), count);
+    }
+  }
+}
+
+#define TPNORM_EXACT_ROW_S(T, S)                                                           \
+  template void row_exact_partial_backward<T, S>(const RowNormArgs&, const T*, const T*, \
+                                                 const T*, const S*, const S*, int64_t*);
+#define TPNORM_EXACT_ROW(T)                                                                   \
+  template void row_exact_partial_forward<T>(const RowNormArgs&, const T*, int64_t*);       \
+  TPNORM_EXACT_ROW_S(T, float) TPNORM_EXACT_ROW_S(T, double)
+TPNORM_FOR_EACH_STORAGE(TPNORM_EXACT_ROW)
+
+}  // namespace tpnorm::kernels::cpu

@@ -1,0 +1,325 @@
+// Stats::kExact: the same bits at every world size. Random cases (tests/support/property_driver.h)
+// at world sizes 1-4 on sub-communicators of one 4-rank job, uneven splits with empty ranks,
+// offsets 0, 1e4 and 1e6, fp32/fp16/bf16: every output of a forward and a backward (y, the saved
+// statistics, dx, dgamma, dbeta, and each op's own) must be BITWISE equal to the same op run on
+// the whole input in one process (a single-process communicator), which itself runs with a
+// different thread count (1 or 2 against 2 or 1). A wrong element is any differing bit pattern.
+//
+// Plus the exactness the mode promises, on small cases whose rational statistics are exact in
+// double (a power-of-two count of fp32 values on a coarse grid): the saved float64 mean is
+// that rational and rstd is 1/sqrt(var + eps) of the exact variance; and, for the record, the
+// rstd error of kExact against kRobust at an offset of 1e6.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "property_driver.h"
+#include "storage.h"
+#include "tpnorm/batch_norm.h"
+#include "tpnorm/mpi.h"
+#include "tpnorm/norm.h"
+
+using namespace tpnorm;
+using namespace tpnorm_test;
+
+namespace {
+
+constexpr int kCases = 240;
+constexpr uint64_t kSeed = 1515;
+
+// Elements of a and b (same dtype and size) whose bits differ; prints the first few.
+int64_t bits_differ(const char* what, Buffer& got, Buffer& want) {
+  const size_t n = got.size(), w = dtype_size(got.dtype());
+  const auto* a = static_cast<const unsigned char*>(got.view(Shape{int64_t(n)}).data);
+  const auto* b = static_cast<const unsigned char*>(want.view(Shape{int64_t(n)}).data);
+  int64_t wrong = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (std::memcmp(a + i * w, b + i * w, w) != 0 && wrong++ < 3)
+      std::fprintf(stderr, "[rank %d] %s[%zu]: %.9g, one process %.9g\n", world_rank(), what, i,
+                   got.get(i), want.get(i));
+  return wrong;
+}
+
+DType draw_dtype(std::mt19937_64& g) {
+  const DType dts[] = {DType::F32, DType::F16, DType::BF16};
+  return dts[pick(g, 3)];
+}
+double draw_offset(std::mt19937_64& g) {
+  const double offs[] = {0.0, 1e4, 1e6};
+  return offs[pick(g, 3)];
+}
+std::vector<int> draw_weights(std::mt19937_64& g, int P) {
+  std::vector<int> w;
+  for (int p = 0; p < P; ++p) w.push_back(pick(g, 4));
+  if (*std::max_element(w.begin(), w.end()) == 0) w[pick(g, P)] = 1;
+  return w;
+}
+
+// ---- Row norms: LayerNorm / RMSNorm with the hidden dim sharded ------------------------------
+struct RowCase {
+  bool centered, affine;
+  DType dt, saved;
+  int64_t rows, hidden;
+  double offset;
+  std::vector<int> weights;
+  int threads_one, threads_sharded;
+};
+
+struct RowOut {
+  Buffer y, mean, rstd, dx, dg, db;
+};
+
+// Forward + backward over columns [c0, c0 + h) of the full inputs.
+RowOut run_rows(Communicator& comm, const RowCase& c, int threads, int64_t c0, int64_t h,
+                const std::vector<float>& x, const std::vector<float>& dy,
+                const std::vector<float>& gamma, const std::vector<float>& beta) {
+  const int64_t R = c.rows;
+  Buffer xb(c.dt, columns(x, R, c.hidden, c0, h)), dyb(c.dt, columns(dy, R, c.hidden, c0, h));
+  Buffer gb(c.dt, columns(gamma, 1, c.hidden, c0, h)), bb(c.dt, columns(beta, 1, c.hidden, c0, h));
+  RowOut o{Buffer(c.dt, R * h), Buffer(c.saved, R), Buffer(c.saved, R), Buffer(c.dt, R * h),
+           Buffer(c.dt, h), Buffer(c.dt, h)};
+  const Shape s{R, h}, p{h}, r{R};
+  NormOptions opt;
+  opt.stats = Stats::kExact;
+  opt.num_threads = threads;
+  const TensorView gv = c.affine ? gb.view(p) : TensorView{};
+  if (c.centered) {
+    const TensorView bv = c.affine ? bb.view(p) : TensorView{};
+    layer_norm_forward(comm, xb.view(s), gv, bv, o.y.view(s), o.mean.view(r), o.rstd.view(r),
+                       opt);
+    layer_norm_backward(comm, dyb.view(s), xb.view(s), gv, o.mean.view(r), o.rstd.view(r),
+                        o.dx.view(s), o.dg.view(p), o.db.view(p), opt);
+  } else {
+    rms_norm_forward(comm, xb.view(s), gv, o.y.view(s), o.rstd.view(r), opt);
+    rms_norm_backward(comm, dyb.view(s), xb.view(s), gv, o.rstd.view(r), o.dx.view(s),
+                      o.dg.view(p), opt);
+  }
+  return o;
+}
+
+PropertyCase draw_rows(std::mt19937_64& g, int P) {
+  RowCase c;
+  c.centered = pick(g, 2) == 0;
+  c.affine = pick(g, 3) != 0;
+  c.dt = draw_dtype(g);
+  c.saved = pick(g, 2) ? DType::F32 : DType::F64;
+  // Sometimes more rows than one block of the deterministic dgamma/dbeta sums (256 rows).
+  const bool tall = pick(g, 6) == 0;
+  c.rows = tall ? 257 + pick(g, 400) : 1 + pick(g, 9);
+  c.hidden = 1 + pick(g, tall ? 40 : 700);
+  c.offset = c.centered ? draw_offset(g) : 0.0;
+  c.weights = draw_weights(g, P);
+  c.threads_one = 1 + pick(g, 2);
+  c.threads_sharded = 3 - c.threads_one;
+  std::string w;
+  for (int x : c.weights) w += std::to_string(x) + ",";
+  const std::string what = std::string(c.centered ? "LayerNorm" : "RMSNorm") + " P=" +
+                           std::to_string(P) + " [" + std::to_string(c.rows) + "x" +
+                           std::to_string(c.hidden) + "] " + dtype_name(c.dt) + " saved " +
+                           dtype_name(c.saved) + " offset " + std::to_string(c.offset) +
+                           (c.affine ? " affine" : "") + " weights " + w;
+  return {c.centered ? "LayerNorm" : "RMSNorm", what, [c](Communicator& comm, uint64_t seed) {
+            const int64_t R = c.rows, H = c.hidden;
+            const auto x = normal(seed, 0, R * H, c.offset, 1.0);
+            const auto dy = normal(seed, 1, R * H);
+            const auto gamma = normal(seed, 2, H, 1.0, 0.5), beta = normal(seed, 3, H);
+            auto one = make_single_communicator();
+            RowOut want = run_rows(*one, c, c.threads_one, 0, H, x, dy, gamma, beta);
+            const Split sp = split_weighted(H, c.weights);
+            const int me = comm.rank();
+            const int64_t c0 = sp.offset[me], h = sp.count[me];
+            RowOut got = run_rows(comm, c, c.threads_sharded, c0, h, x, dy, gamma, beta);
+            // This rank's columns of the one-process outputs.
+            Buffer wy(c.dt, columns(want.y.floats(), R, H, c0, h));
+            Buffer wdx(c.dt, columns(want.dx.floats(), R, H, c0, h));
+            Buffer wdg(c.dt, columns(want.dg.floats(), 1, H, c0, h));
+            Buffer wdb(c.dt, columns(want.db.floats(), 1, H, c0, h));
+            int64_t wrong = bits_differ("y", got.y, wy) + bits_differ("rstd", got.rstd, want.rstd) +
+                            bits_differ("dx", got.dx, wdx);
+            if (c.affine) wrong += bits_differ("dgamma", got.dg, wdg);
+            if (c.centered) {
+              wrong += bits_differ("mean", got.mean, want.mean);
+              if (c.affine) wrong += bits_differ("dbeta", got.db, wdb);
+            }
+            return wrong;
+          }};
+}
+
+// ---- SyncBatchNorm: the batch sharded over ranks ----------------------------------------------
+// One training step (forward with running statistics, backward). dgamma / dbeta are this rank's
+// sums by the API (the model's gradient all-reduce adds them), so only a one-rank case compares
+// them; everything else is global.
+struct BnCase {
+  int64_t c, n_total;
+  std::vector<int64_t> spatial;
+  bool channels_last, affine;
+  DType dt, saved;
+  double offset;
+  std::vector<int> weights;
+  int threads_one, threads_sharded;
+};
+
+struct BnOut {
+  Buffer y, mean, invstd, rmean, rvar, dx, dg, db;
+};
+
+// Samples [b0, b0 + nb) of the full batch (sample-major in both layouts).
+std::vector<float> samples(const std::vector<float>& v, int64_t per, int64_t b0, int64_t nb) {
+  return std::vector<float>(v.begin() + b0 * per, v.begin() + (b0 + nb) * per);
+}
+
+BnOut run_bn(Communicator& comm, const BnCase& c, int threads, int64_t b0, int64_t nb,
+             const std::vector<float>& x, const std::vector<float>& dy,
+             const std::vector<float>& gamma, const std::vector<float>& beta) {
+  int64_t inner = 1;
+  for (int64_t d : c.spatial) inner *= d;
+  const int64_t per = c.c * inner;
+  Shape xs;
+  xs.ndim = 0;
+  xs.dims[xs.ndim++] = nb;
+  if (!c.channels_last) xs.dims[xs.ndim++] = c.c;
+  for (int64_t d : c.spatial) xs.dims[xs.ndim++] = d;
+  if (c.channels_last) xs.dims[xs.ndim++] = c.c;
+  Buffer xb(c.dt, samples(x, per, b0, nb)), dyb(c.dt, samples(dy, per, b0, nb));
+  Buffer gb(c.dt, gamma), bb(c.dt, beta);
+  BnOut o{Buffer(c.dt, nb * per), Buffer(c.saved, c.c), Buffer(c.saved, c.c),
+          Buffer(c.saved, std::vector<float>(c.c, 0.5f)), Buffer(c.saved, std::vector<float>(c.c, 2.0f)),
+          Buffer(c.dt, nb * per), Buffer(c.dt, c.c), Buffer(c.dt, c.c)};
+  const Shape cs{c.c};
+  BatchNormOptions opt;
+  opt.stats = Stats::kExact;
+  opt.num_threads = threads;
+  opt.layout = c.channels_last ? Layout::kChannelsLast : Layout::kNCHW;
+  const TensorView gv = c.affine ? gb.view(cs) : TensorView{};
+  const TensorView bv = c.affine ? bb.view(cs) : TensorView{};
+  sync_batch_norm_forward(comm, xb.view(xs), gv, bv, o.rmean.view(cs), o.rvar.view(cs), nullptr,
+                          o.y.view(xs), o.mean.view(cs), o.invstd.view(cs), opt);
+  sync_batch_norm_backward(comm, dyb.view(xs), xb.view(xs), gv, o.mean.view(cs),
+                           o.invstd.view(cs), o.dx.view(xs), c.affine ? o.dg.view(cs) : TensorView{},
+                           c.affine ? o.db.view(cs) : TensorView{}, opt);
+  return o;
+}
+
+PropertyCase draw_bn(std::mt19937_64& g, int P) {
+  BnCase c;
+  c.c = 1 + pick(g, 6);
+  c.n_total = 2 + pick(g, 9);
+  for (int d = pick(g, 3); d > 0; --d) c.spatial.push_back(1 + pick(g, 6));
+  c.channels_last = pick(g, 2) == 0;
+  c.affine = pick(g, 3) != 0;
+  c.dt = draw_dtype(g);
+  c.saved = pick(g, 2) ? DType::F32 : DType::F64;
+  c.offset = draw_offset(g);
+  c.weights = draw_weights(g, P);
+  c.threads_one = 1 + pick(g, 2);
+  c.threads_sharded = 3 - c.threads_one;
+  std::string w;
+  for (int x : c.weights) w += std::to_string(x) + ",";
+  const std::string what = "SyncBN P=" + std::to_string(P) + " C=" + std::to_string(c.c) +
+                           " N=" + std::to_string(c.n_total) + " spatial dims " +
+                           std::to_string(c.spatial.size()) +
+                           (c.channels_last ? " channels-last " : " NCHW ") + dtype_name(c.dt) +
+                           " offset " + std::to_string(c.offset) + " weights " + w;
+  return {"SyncBatchNorm", what, [c, P](Communicator& comm, uint64_t seed) {
+            int64_t inner = 1;
+            for (int64_t d : c.spatial) inner *= d;
+            const int64_t per = c.c * inner, total = c.n_total * per;
+            const auto x = normal(seed, 0, total, c.offset, 1.0);
+            const auto dy = normal(seed, 1, total);
+            const auto gamma = normal(seed, 2, c.c, 1.0, 0.5), beta = normal(seed, 3, c.c);
+            auto one = make_single_communicator();
+            BnOut want = run_bn(*one, c, c.threads_one, 0, c.n_total, x, dy, gamma, beta);
+            const Split sp = split_weighted(c.n_total, c.weights);
+            const int me = comm.rank();
+            const int64_t b0 = sp.offset[me], nb = sp.count[me];
+            BnOut got = run_bn(comm, c, c.threads_sharded, b0, nb, x, dy, gamma, beta);
+            Buffer wy(c.dt, samples(want.y.floats(), per, b0, nb));
+            Buffer wdx(c.dt, samples(want.dx.floats(), per, b0, nb));
+            int64_t wrong = bits_differ("y", got.y, wy) + bits_differ("mean", got.mean, want.mean) +
+                            bits_differ("invstd", got.invstd, want.invstd) +
+                            bits_differ("running_mean", got.rmean, want.rmean) +
+                            bits_differ("running_var", got.rvar, want.rvar) +
+                            bits_differ("dx", got.dx, wdx);
+            if (P == 1 && c.affine)
+              wrong += bits_differ("dgamma", got.dg, want.dg) + bits_differ("dbeta", got.db, want.db);
+            return wrong;
+          }};
+}
+
+TEST(ExactInvariance, RandomCasesBitwiseEqualToOneProcess) {
+  const std::vector<std::function<PropertyCase(std::mt19937_64&, int)>> drawers = {draw_rows,
+                                                                                   draw_bn};
+  run_random_cases(kCases, kSeed, [&](std::mt19937_64& g, int P) {
+    return drawers[static_cast<size_t>(pick(g, static_cast<int>(drawers.size())))](g, P);
+  });
+}
+
+// Small cases with exact rational statistics: n = 64 columns (a power of two) of fp32 values
+// 1e6 + N(0,1) (multiples of 2^-4 at 1e6) or N(0,1) rounded to multiples of 2^-10. Then
+// S1 = sum 2^k x and S2 = sum (2^k x)^2 are small integers, the mean S1 / (n 2^k) and the
+// variance (n S2 - S1^2) / (n^2 2^2k) are exact in double, and the op must return exactly
+// them (mean) and 1/sqrt(var + eps) (rstd, float64), at the world size of the job, the hidden
+// dim split unevenly. kRobust's rstd error at 1e6 is printed beside it.
+TEST(ExactInvariance, VarianceExactOnSmallCases) {
+  constexpr int64_t R = 8, H = 64;
+  Communicator& comm = *[] {
+    static auto c = make_mpi_communicator(MPI_COMM_WORLD);
+    return c.get();
+  }();
+  const int P = comm.size(), me = comm.rank();
+  std::vector<int> weights;
+  for (int p = 0; p < P; ++p) weights.push_back(p % 3);  // rank 0 holds nothing when P > 1
+  if (P == 1) weights = {1};
+  const Split sp = split_weighted(H, weights);
+  const int64_t c0 = sp.offset[me], h = sp.count[me];
+  for (int k : {4, 10}) {
+    const double offset = k == 4 ? 1e6 : 0.0;
+    std::vector<float> x = normal(77, static_cast<uint64_t>(k), R * H, offset, 1.0);
+    for (float& v : x) v = static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(v, k)), -k));
+    std::vector<double> mean_ref(R), rstd_ref(R);
+    for (int64_t r = 0; r < R; ++r) {
+      __int128 s1 = 0, s2 = 0;
+      for (int64_t j = 0; j < H; ++j) {
+        const auto m = static_cast<__int128>(std::ldexp(x[r * H + j], k));  // exact integer
+        s1 += m;
+        s2 += m * m;
+      }
+      const __int128 num = H * s2 - s1 * s1;  // < 2^53 here: exact in double
+      mean_ref[r] = std::ldexp(static_cast<double>(s1), -k) / H;  // power-of-two divisor
+      const double var = std::ldexp(static_cast<double>(num), -2 * k) / (H * H);
+      rstd_ref[r] = 1.0 / std::sqrt(var + 1e-5);
+    }
+    double err[2] = {0, 0};
+    for (Stats mode : {Stats::kExact, Stats::kRobust}) {
+      Buffer xb(DType::F32, columns(x, R, H, c0, h)), y(DType::F32, R * h);
+      Buffer mean(DType::F64, R), rstd(DType::F64, R);
+      NormOptions opt;
+      opt.stats = mode;
+      layer_norm_forward(comm, xb.view({R, h}), {}, {}, y.view({R, h}), mean.view({R}),
+                         rstd.view({R}), opt);
+      const auto* m = static_cast<const double*>(mean.view({R}).data);
+      const auto* s = static_cast<const double*>(rstd.view({R}).data);
+      for (int64_t r = 0; r < R; ++r) {
+        if (mode == Stats::kExact) {
+          EXPECT_EQ(m[r], mean_ref[r]) << "row " << r << " k " << k;
+          EXPECT_EQ(s[r], rstd_ref[r]) << "row " << r << " k " << k;
+        }
+        err[mode == Stats::kExact ? 0 : 1] =
+            std::max(err[mode == Stats::kExact ? 0 : 1], std::fabs(s[r] / rstd_ref[r] - 1.0));
+      }
+    }
+    if (me == 0)
+      std::printf("exact: P=%d offset %g: largest relative rstd error, kExact %.3g, kRobust "
+                  "%.3g\n", P, offset, err[0], err[1]);
+  }
+}
+
+}  // namespace
