@@ -24,6 +24,8 @@
 #include "property_driver.h"
 #include "storage.h"
 #include "tpnorm/batch_norm.h"
+#include "tpnorm/batched.h"
+#include "tpnorm/fused.h"
 #include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
 
@@ -63,8 +65,16 @@ std::vector<int> draw_weights(std::mt19937_64& g, int P) {
   return w;
 }
 
-// ---- Row norms: LayerNorm / RMSNorm with the hidden dim sharded ------------------------------
+// ---- Row norms: LayerNorm / RMSNorm with the hidden dim sharded, plain, fused with a residual
+// add (h = alpha*x + f; df and dx), or batched (this norm and the other kind, one collective) ---
+enum class RowKind { kPlain, kFused, kBatched };
+const char* kind_name(RowKind k) {
+  return k == RowKind::kPlain ? "" : k == RowKind::kFused ? "fused " : "batched ";
+}
+
 struct RowCase {
+  RowKind kind;
+  double alpha;
   bool centered, affine;
   DType dt, saved;
   int64_t rows, hidden;
@@ -74,23 +84,68 @@ struct RowCase {
 };
 
 struct RowOut {
-  Buffer y, mean, rstd, dx, dg, db;
+  Buffer y, mean, rstd, dx, dg, db, h, df;
 };
 
-// Forward + backward over columns [c0, c0 + h) of the full inputs.
+// Forward + backward over columns [c0, c0 + h) of the full inputs (f: the residual branch of
+// the fused kind; a batched call adds an item of the other kind on x2/dy2, whose outputs go to
+// *second).
 RowOut run_rows(Communicator& comm, const RowCase& c, int threads, int64_t c0, int64_t h,
                 const std::vector<float>& x, const std::vector<float>& dy,
-                const std::vector<float>& gamma, const std::vector<float>& beta) {
+                const std::vector<float>& gamma, const std::vector<float>& beta,
+                const std::vector<float>& f, RowOut* second = nullptr) {
   const int64_t R = c.rows;
   Buffer xb(c.dt, columns(x, R, c.hidden, c0, h)), dyb(c.dt, columns(dy, R, c.hidden, c0, h));
   Buffer gb(c.dt, columns(gamma, 1, c.hidden, c0, h)), bb(c.dt, columns(beta, 1, c.hidden, c0, h));
   RowOut o{Buffer(c.dt, R * h), Buffer(c.saved, R), Buffer(c.saved, R), Buffer(c.dt, R * h),
-           Buffer(c.dt, h), Buffer(c.dt, h)};
+           Buffer(c.dt, h),     Buffer(c.dt, h),    Buffer(c.dt, R * h), Buffer(c.dt, R * h)};
   const Shape s{R, h}, p{h}, r{R};
   NormOptions opt;
   opt.stats = Stats::kExact;
   opt.num_threads = threads;
   const TensorView gv = c.affine ? gb.view(p) : TensorView{};
+  if (c.kind == RowKind::kFused) {
+    Buffer fb(c.dt, columns(f, R, c.hidden, c0, h));
+    const TensorView dh_extra = c.affine ? fb.view(s) : TensorView{};  // present or not
+    if (c.centered) {
+      const TensorView bv = c.affine ? bb.view(p) : TensorView{};
+      fused_add_layer_norm_forward(comm, xb.view(s), fb.view(s), c.alpha, gv, bv, o.h.view(s),
+                                   o.y.view(s), o.mean.view(r), o.rstd.view(r), opt);
+      fused_add_layer_norm_backward(comm, dyb.view(s), dh_extra, o.h.view(s), gv, o.mean.view(r),
+                                    o.rstd.view(r), c.alpha, o.dx.view(s), o.df.view(s),
+                                    o.dg.view(p), o.db.view(p), opt);
+    } else {
+      fused_add_rms_norm_forward(comm, xb.view(s), fb.view(s), c.alpha, gv, o.h.view(s),
+                                 o.y.view(s), o.rstd.view(r), opt);
+      fused_add_rms_norm_backward(comm, dyb.view(s), dh_extra, o.h.view(s), gv, o.rstd.view(r),
+                                  c.alpha, o.dx.view(s), o.df.view(s), o.dg.view(p), opt);
+    }
+    return o;
+  }
+  if (c.kind == RowKind::kBatched) {
+    // Item 0: this case's norm on x; item 1: the other kind on f (no affine), with dy reversed.
+    std::vector<float> dy2(dy.rbegin(), dy.rend());
+    Buffer x2(c.dt, columns(f, R, c.hidden, c0, h)), dy2b(c.dt, columns(dy2, R, c.hidden, c0, h));
+    *second = RowOut{Buffer(c.dt, R * h), Buffer(c.saved, R), Buffer(c.saved, R),
+                     Buffer(c.dt, R * h), Buffer(c.dt, h),     Buffer(c.dt, h),
+                     Buffer(c.dt, 0),     Buffer(c.dt, 0)};
+    RowOut& o2 = *second;
+    const TensorView bv = c.affine && c.centered ? bb.view(p) : TensorView{};
+    RowNormItem fwd[2] = {
+        {c.centered, xb.view(s), gv, bv, o.y.view(s), c.centered ? o.mean.view(r) : TensorView{},
+         o.rstd.view(r)},
+        {!c.centered, x2.view(s), {}, {}, o2.y.view(s), !c.centered ? o2.mean.view(r) : TensorView{},
+         o2.rstd.view(r)}};
+    batched_norm_forward(comm, fwd, 2, opt);
+    RowNormGradItem bwd[2] = {
+        {c.centered, dyb.view(s), xb.view(s), gv, c.centered ? o.mean.view(r) : TensorView{},
+         o.rstd.view(r), o.dx.view(s), c.affine ? o.dg.view(p) : TensorView{},
+         c.affine && c.centered ? o.db.view(p) : TensorView{}},
+        {!c.centered, dy2b.view(s), x2.view(s), {}, !c.centered ? o2.mean.view(r) : TensorView{},
+         o2.rstd.view(r), o2.dx.view(s), {}, {}}};
+    batched_norm_backward(comm, bwd, 2, opt);
+    return o;
+  }
   if (c.centered) {
     const TensorView bv = c.affine ? bb.view(p) : TensorView{};
     layer_norm_forward(comm, xb.view(s), gv, bv, o.y.view(s), o.mean.view(r), o.rstd.view(r),
@@ -107,6 +162,8 @@ RowOut run_rows(Communicator& comm, const RowCase& c, int threads, int64_t c0, i
 
 PropertyCase draw_rows(std::mt19937_64& g, int P) {
   RowCase c;
+  c.kind = static_cast<RowKind>(pick(g, 3));
+  c.alpha = pick(g, 2) ? 1.0 : 1.0 + pick(g, 100) / 37.0;
   c.centered = pick(g, 2) == 0;
   c.affine = pick(g, 3) != 0;
   c.dt = draw_dtype(g);
@@ -121,22 +178,25 @@ PropertyCase draw_rows(std::mt19937_64& g, int P) {
   c.threads_sharded = 3 - c.threads_one;
   std::string w;
   for (int x : c.weights) w += std::to_string(x) + ",";
-  const std::string what = std::string(c.centered ? "LayerNorm" : "RMSNorm") + " P=" +
+  const std::string what = kind_name(c.kind) + std::string(c.centered ? "LayerNorm" : "RMSNorm") + " P=" +
                            std::to_string(P) + " [" + std::to_string(c.rows) + "x" +
                            std::to_string(c.hidden) + "] " + dtype_name(c.dt) + " saved " +
                            dtype_name(c.saved) + " offset " + std::to_string(c.offset) +
                            (c.affine ? " affine" : "") + " weights " + w;
-  return {c.centered ? "LayerNorm" : "RMSNorm", what, [c](Communicator& comm, uint64_t seed) {
+  return {kind_name(c.kind) + std::string(c.centered ? "LayerNorm" : "RMSNorm"), what,
+          [c](Communicator& comm, uint64_t seed) {
             const int64_t R = c.rows, H = c.hidden;
             const auto x = normal(seed, 0, R * H, c.offset, 1.0);
             const auto dy = normal(seed, 1, R * H);
             const auto gamma = normal(seed, 2, H, 1.0, 0.5), beta = normal(seed, 3, H);
+            const auto f = normal(seed, 4, R * H, c.offset, 1.0);
             auto one = make_single_communicator();
-            RowOut want = run_rows(*one, c, c.threads_one, 0, H, x, dy, gamma, beta);
+            RowOut want2, got2;
+            RowOut want = run_rows(*one, c, c.threads_one, 0, H, x, dy, gamma, beta, f, &want2);
             const Split sp = split_weighted(H, c.weights);
             const int me = comm.rank();
             const int64_t c0 = sp.offset[me], h = sp.count[me];
-            RowOut got = run_rows(comm, c, c.threads_sharded, c0, h, x, dy, gamma, beta);
+            RowOut got = run_rows(comm, c, c.threads_sharded, c0, h, x, dy, gamma, beta, f, &got2);
             // This rank's columns of the one-process outputs.
             Buffer wy(c.dt, columns(want.y.floats(), R, H, c0, h));
             Buffer wdx(c.dt, columns(want.dx.floats(), R, H, c0, h));
@@ -148,6 +208,19 @@ PropertyCase draw_rows(std::mt19937_64& g, int P) {
             if (c.centered) {
               wrong += bits_differ("mean", got.mean, want.mean);
               if (c.affine) wrong += bits_differ("dbeta", got.db, wdb);
+            }
+            if (c.kind == RowKind::kFused) {
+              Buffer wh(c.dt, columns(want.h.floats(), R, H, c0, h));
+              Buffer wdf(c.dt, columns(want.df.floats(), R, H, c0, h));
+              wrong += bits_differ("h", got.h, wh) + bits_differ("df", got.df, wdf);
+            }
+            if (c.kind == RowKind::kBatched) {
+              Buffer wy2(c.dt, columns(want2.y.floats(), R, H, c0, h));
+              Buffer wdx2(c.dt, columns(want2.dx.floats(), R, H, c0, h));
+              wrong += bits_differ("items[1].y", got2.y, wy2) +
+                       bits_differ("items[1].rstd", got2.rstd, want2.rstd) +
+                       bits_differ("items[1].dx", got2.dx, wdx2);
+              if (!c.centered) wrong += bits_differ("items[1].mean", got2.mean, want2.mean);
             }
             return wrong;
           }};
