@@ -54,7 +54,9 @@ Row run_op(const BenchOp& op, const Flags& f, Communicator& world, const Fits& f
   }
   timed.set_strict_calls(0);  // measured calls: the header folded into the payload collective
 
-  const DType wire = f.cfg.stats == Stats::kNaive ? DType::F32 : DType::F64;
+  const DType wire = f.cfg.stats == Stats::kNaive   ? DType::F32
+                     : f.cfg.stats == Stats::kExact ? DType::I64
+                                                    : DType::F64;
   const uint64_t w = dtype_size(wire), hdr = header_values(NormOptions{}.check_agreement);
   timed.reset_counters();
   c->forward(timed);
@@ -116,7 +118,8 @@ std::vector<Field> fields(const Row& r, const Flags& f, int P) {
           {"op", r.op, true, -10, "op"},
           {"local_shape", r.shape, true, -11, "local"},
           {"dtype", dtype_flag(f.cfg.dtype), true, 5, "dtype"},
-          {"stats", f.cfg.stats == Stats::kNaive ? "naive" : "robust", true, 6, "stats"},
+          {"stats", f.cfg.stats == Stats::kNaive ? "naive"
+                    : f.cfg.stats == Stats::kExact ? "exact" : "robust", true, 6, "stats"},
           {"fwd_bytes", std::to_string(r.fwd_bytes), false, 9, "fwd_B"},
           {"bwd_bytes", std::to_string(r.bwd_bytes), false, 9, "bwd_B"},
           {"header_bytes", std::to_string(r.hdr_bytes), false, 6, "hdr_B"},

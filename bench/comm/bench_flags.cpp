@@ -37,7 +37,7 @@ void print_help(std::FILE* out) {
 op mode (default): tpnorm's own ops, bytes and collectives checked against the README formula
   --op NAME          layernorm, rmsnorm, syncbn or all (default all)
   --dtype T          fp32, fp16 or bf16 (default fp32)
-  --stats S          robust or naive (default robust)
+  --stats S          robust, naive or exact (default robust)
   --shape N,C,...    SyncBatchNorm input, NCHW, batch sharded (default 32,64,8,8)
 strategy mode: four ways to compute one sharded LayerNorm, side by side (fp32, robust)
   --strategies LIST  comma list of tpnorm, two_pass, gather_row, gather_stats, or all
@@ -122,11 +122,13 @@ bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
       }
     } else if (k == "--stats") {
       if (!val()) return false;
-      if (v != "robust" && v != "naive") {
-        error = "--stats must be robust or naive, not '" + v + "'";
+      if (v != "robust" && v != "naive" && v != "exact") {
+        error = "--stats must be robust, naive or exact, not '" + v + "'";
         return false;
       }
-      f.cfg.stats = v == "naive" ? tpnorm::Stats::kNaive : tpnorm::Stats::kRobust;
+      f.cfg.stats = v == "naive"   ? tpnorm::Stats::kNaive
+                    : v == "exact" ? tpnorm::Stats::kExact
+                                   : tpnorm::Stats::kRobust;
     } else if (k == "--csv" || k == "--json" || k == "--proj" || k == "--plotdata") {
       if (!val()) return false;
       (k == "--csv" ? f.csv : k == "--json" ? f.json : k == "--proj" ? f.proj : f.plotdata) = v;

@@ -1,5 +1,6 @@
 // micro_row_norm.cpp — LayerNorm and RMSNorm, forward and backward, through the public ops on a
 // single-process communicator (so the numbers include validation and the one PackedCall).
+// "LayerNorm-exact" / "RMSNorm-exact": the same calls in Stats::kExact (robust otherwise).
 #include <memory>
 #include <vector>
 
@@ -13,6 +14,7 @@ using tpnorm::view;
 
 struct Buffers {
   int64_t rows, h;
+  tpnorm::Stats stats = tpnorm::Stats::kRobust;
   std::vector<float> x, dy, out, gamma, beta, dgamma, dbeta, mean, rstd;
   std::unique_ptr<tpnorm::Communicator> comm = tpnorm::make_single_communicator();
   Buffers(int64_t r, int64_t c)
@@ -24,16 +26,20 @@ struct Buffers {
   tpnorm::NormOptions opt(int threads) const {
     tpnorm::NormOptions o;
     o.num_threads = threads;
+    o.stats = stats;
     return o;
   }
 };
 
-void add_row_norm(bool centered, int64_t rows, int64_t h) {
-  const std::string op = centered ? "LayerNorm" : "RMSNorm";
+void add_row_norm(bool centered, int64_t rows, int64_t h,
+                  tpnorm::Stats stats = tpnorm::Stats::kRobust) {
+  const std::string op = std::string(centered ? "LayerNorm" : "RMSNorm") +
+                         (stats == tpnorm::Stats::kExact ? "-exact" : "");
   const std::string shape = std::to_string(rows) + "x" + std::to_string(h);
   const int64_t n = rows * h * static_cast<int64_t>(sizeof(float));
   tpnorm_perf::add_op(op, "forward", shape, 2 * n, [=]() -> tpnorm_perf::Call {
     auto b = std::make_shared<Buffers>(rows, h);
+    b->stats = stats;
     return [b, centered](int t) {
       const Shape s = b->xs(), hs{b->h}, rs{b->rows};
       if (centered)
@@ -47,6 +53,7 @@ void add_row_norm(bool centered, int64_t rows, int64_t h) {
   });
   tpnorm_perf::add_op(op, "backward", shape, 3 * n, [=]() -> tpnorm_perf::Call {
     auto b = std::make_shared<Buffers>(rows, h);
+    b->stats = stats;
     for (int64_t r = 0; r < rows; ++r) b->mean[r] = 3.5f, b->rstd[r] = 3.4f;
     return [b, centered](int t) {
       const Shape s = b->xs(), hs{b->h}, rs{b->rows};
@@ -69,6 +76,8 @@ void register_all() {
     add_row_norm(centered, 16384, 4096);
     add_row_norm(centered, 65536, 1024);
     add_row_norm(centered, 4096, 512);
+    add_row_norm(centered, 16384, 4096, tpnorm::Stats::kExact);
+    add_row_norm(centered, 4096, 512, tpnorm::Stats::kExact);
   }
 }
 const bool registered = tpnorm_perf::on_load(register_all);

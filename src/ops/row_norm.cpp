@@ -14,9 +14,8 @@ namespace {
 // At one rank the reduce is the identity, so the apply kernels compute each row's statistics
 // themselves while the row is in cache (row_stages.h RowRun); the call still makes its one
 // collective, which checks the arguments, before any output is written.
-// Not in Stats::kExact, whose partial (exact integers) is not the apply kernels' own sums.
 RowRun row_run(const Communicator& comm, const NormOptions& opt) {
-  return {opt.num_threads, comm.size() == 1 && opt.stats != Stats::kExact};
+  return {opt.num_threads, comm.size() == 1};
 }
 
 void agree_rows(PackedCall& call, const TensorView& x, int64_t rows, bool centered,

@@ -18,12 +18,12 @@ kc::RowNormArgs kernel_args(const RowGeometry& g, bool centered, RowRun run) {
 
 // Stats::kExact (wire int64): the summed limbs become each row's final statistics, which the
 // apply kernels then take as they are (RowNormArgs::final_stats) in place of the W moments.
+// With run.fused (one rank) the apply kernel computes them from each row itself instead.
 std::vector<double> exact_final_stats(kc::RowNormArgs& k, bool forward, const void* limbs,
                                       double n) {
   std::vector<double> out(static_cast<size_t>(k.rows * (k.centered ? 2 : 1)));
-  kc::exact_row_finish(k, forward, static_cast<const int64_t*>(limbs), n, out.data());
+  if (!k.fused) kc::exact_row_finish(k, forward, static_cast<const int64_t*>(limbs), n, out.data());
   k.final_stats = true;
-  k.fused = false;
   return out;
 }
 

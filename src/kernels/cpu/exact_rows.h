@@ -30,6 +30,15 @@ template <class T, class S>
 void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
                                 const S* mean, const S* rstd, int64_t* limbs);
 
+/// One row's final statistics (as exact_row_finish writes them) from the row itself, where one
+/// rank holds the whole row: the apply kernels' fused path (RowNormArgs::fused), one pass over
+/// memory. The integers are those the limbs would carry, so the bits are the same.
+template <class T>
+void exact_row_final_forward(bool centered, const T* xr, int64_t h, double* st);
+template <class T>
+void exact_row_final_backward(bool centered, const T* dyr, const T* xr, const T* gamma, float mh,
+                              float mt, float rs, int64_t h, double* st);
+
 /// stats[rows * (centered ? 2 : 1)] from the summed limbs, each value rounded once to double:
 /// forward {mean, variance} or {mean square}; backward {sum g / n, sum g*xhat / n} or
 /// {sum g*xhat / n}. NaN for a row with a bad value; 0 when n == 0.

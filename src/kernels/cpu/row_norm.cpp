@@ -31,6 +31,7 @@
 #include "common/half.h"
 #include "common/pivot.h"
 #include "kernels/cpu/instantiate.h"
+#include "kernels/cpu/exact_rows.h"
 #include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
@@ -90,6 +91,21 @@ inline void forward_sums(const RowNormArgs& a, const T* xr, W* st) {
   }
 }
 
+// The fused path's row statistics: the kernels' own sums, or with final_stats (Stats::kExact at
+// one rank) the exact mode's final values from the row (kernels/cpu/exact_rows.h).
+template <class T, class W>
+inline void fused_forward_stats(const RowNormArgs& a, const T* xr, W* st) {
+  if constexpr (std::is_same_v<W, double>)
+    if (a.final_stats) return exact_row_final_forward(a.centered, xr, a.h, st);
+  forward_sums(a, xr, st);
+}
+template <class T, class W>
+inline void fused_exact_backward(const RowNormArgs& a, const T* dyr, const T* xr, const T* gamma,
+                                 float mh, float mt, float rs, W* st) {
+  if constexpr (std::is_same_v<W, double>)
+    exact_row_final_backward(a.centered, dyr, xr, gamma, mh, mt, rs, a.h, st);
+}
+
 // xhat at j of a row: ((x - mh) - mt) * rs, lane-wise.
 template <class V, class T>
 inline V xhat_at(const T* xr, int64_t j, float mh, float mt, float rs) {
@@ -138,7 +154,7 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T
     for (int64_t r = 0; r < a.rows; ++r) {
       const T* xr = x + r * h;
       W* st = stats + r * k;
-      if (a.fused) forward_sums(a, xr, st);
+      if (a.fused) fused_forward_stats(a, xr, st);
       W mu = 0, var = 0;
       if (a.final_stats) {
         mu = a.centered ? st[0] : W(0);
@@ -235,7 +251,9 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
         const T* xr = x + r * h;
         const T* dyr = dy + r * h;
         W* st = stats + r * k;
-        if (a.fused)
+        if (a.fused && a.final_stats)
+          fused_exact_backward(a, dyr, xr, gamma, mh, mt, rs, st);
+        else if (a.fused)
           backward_sums(a, dyr, xr, gamma, mh, mt, rs, st, ahead(a, dy, r), ahead(a, x, r));
         const W div = a.final_stats ? W(1) : static_cast<W>(n);
         const float c1 = a.centered ? static_cast<float>(st[0] / div) : 0.0f;
