@@ -15,22 +15,11 @@
 #include "common/exact_sum.h"
 #include "common/half.h"
 #include "kernels/cpu/exact_bins.h"
+#include "kernels/cpu/instantiate.h"
 #include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
 namespace {
-
-// TEMPORARY until the shared helpers of loops.h land.
-inline int exact_thread_count(int requested, int64_t work) {
-  const int t = requested > 0 ? requested : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work)));
-}
-template <class S>
-inline void exact_split_mean(S mean, float& head, float& tail) {
-  head = static_cast<float>(mean);
-  tail = static_cast<float>(static_cast<double>(mean) - static_cast<double>(head));
-}
-#define TPNORM_FOR_EACH_STORAGE(M) M(float) M(f16) M(bf16)
 
 struct ChannelSums {
   exact::Sum1 s1, t1;  // sum x or sum dy; sum dy*xmu
@@ -63,7 +52,7 @@ void channel_exact_sums(const BatchNormArgs& a, bool forward, std::vector<Channe
       exact_accumulate(buf + kRun, n, s.t1, nullptr, s.bad);
     }
   };
-  const int nt = exact_thread_count(a.threads, a.c);
+  const int nt = thread_count(a.threads, a.c);
 #pragma omp parallel num_threads(nt)
   {
     std::vector<float> buf(2 * kRun);
@@ -119,7 +108,7 @@ void bn_exact_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, 
   std::vector<ChannelSums> sums(static_cast<size_t>(a.c));
   channel_exact_sums(a, false, sums, [&](int64_t ch, int64_t i0, int64_t n, float* out) {
     float mh, mt;
-    exact_split_mean(mean[ch], mh, mt);
+    split_mean(mean[ch], mh, mt);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t at = offset(a, ch, i0 + i);
       const float d = to_float(dy[at]);

@@ -17,22 +17,11 @@
 #include "common/exact_sum.h"
 #include "common/half.h"
 #include "kernels/cpu/exact_bins.h"
+#include "kernels/cpu/instantiate.h"
 #include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
 namespace {
-
-// TEMPORARY until the shared helpers of loops.h land.
-inline int exact_thread_count(int requested, int64_t work) {
-  const int t = requested > 0 ? requested : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, work)));
-}
-template <class S>
-inline void exact_split_mean(S mean, float& head, float& tail) {
-  head = static_cast<float>(mean);
-  tail = static_cast<float>(static_cast<double>(mean) - static_cast<double>(head));
-}
-#define TPNORM_FOR_EACH_STORAGE(M) M(float) M(f16) M(bf16)
 
 constexpr int64_t kPiece = 2048;  // float32 values formed at a time (8 KiB a buffer)
 
@@ -116,7 +105,7 @@ int exact_row_limbs(bool centered, bool forward) {
 template <class T>
 void row_exact_partial_forward(const RowNormArgs& a, const T* x, int64_t* limbs) {
   const int k = exact_row_limbs(a.centered, true);
-#pragma omp parallel for num_threads(exact_thread_count(a.threads, a.rows)) schedule(static)
+#pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) {
     const RowSums s = forward_row_sums(x + r * a.h, a.h);
     int64_t* out = limbs + r * k;
@@ -130,10 +119,10 @@ template <class T, class S>
 void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
                                 const S* mean, const S* rstd, int64_t* limbs) {
   const int k = exact_row_limbs(a.centered, false);
-#pragma omp parallel for num_threads(exact_thread_count(a.threads, a.rows)) schedule(static)
+#pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) {
     float mh = 0, mt = 0;
-    if (a.centered) exact_split_mean(mean[r], mh, mt);
+    if (a.centered) split_mean(mean[r], mh, mt);
     const RowSums s = backward_row_sums(a.centered, dy + r * a.h, x + r * a.h, gamma, mh, mt,
                                         static_cast<float>(rstd[r]), a.h);
     int64_t* out = limbs + r * k;
@@ -161,7 +150,7 @@ void exact_row_finish(const RowNormArgs& a, bool forward, const int64_t* limbs, 
   const int k = exact_row_limbs(a.centered, forward);
   const int w = a.centered ? 2 : 1;
   const auto count = static_cast<uint64_t>(n);
-#pragma omp parallel for num_threads(exact_thread_count(a.threads, a.rows)) schedule(static)
+#pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) {
     const int64_t* in = limbs + r * k;
     exact::Sum1 s1, t1;
