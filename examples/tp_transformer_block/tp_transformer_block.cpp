@@ -30,8 +30,14 @@
 // differ only by the order of floating-point sums (matmuls accumulate in float64, the
 // reduce-scatter is float64, tpnorm's statistics are float64).
 //
-// Flags: --arch --norm --tokens --hidden --ffn --layers --steps --lr, and --write/--check/--tol
-// (see ../common/loss_log.h). Prints the loss per step on rank 0.
+// --stats exact: the same bits at every world size. The norms run in Stats::kExact (integer
+// statistics, tpnorm/norm.h), and the rest is made independent of the split too: the MLP's
+// float64 sums over F would depend on how F is split across ranks, so every rank holds all of
+// W1 / W2 and computes the full sums (its reduce-scatter becomes "take my columns"), and the
+// loss is summed over the gathered [T, H] in one order. The losses then match bitwise.
+//
+// Flags: --arch --norm --stats (robust|exact) --tokens --hidden --ffn --layers --steps --lr, and
+// --write/--check/--tol (see ../common/loss_log.h). Prints the loss per step on rank 0.
 #include <mpi.h>
 
 #include <cmath>
@@ -61,6 +67,8 @@ struct Tp {
   int rank = 0, P = 1;
   int64_t T = 0, H = 0;
   std::vector<Slice> hid;  // hidden slice of every rank
+  bool exact = false;      // --stats exact (see the header)
+  tpnorm::NormOptions opt;
   Slice me() const { return hid[rank]; }
 };
 
@@ -81,8 +89,16 @@ Vec all_gather_hidden(const Tp& tp, const Vec& local) {
   return full;
 }
 
-// Partial [T, H] float64 on every rank -> this rank's [T, h_p] of the sum over ranks.
+// Partial [T, H] float64 on every rank -> this rank's [T, h_p] of the sum over ranks. With
+// --stats exact every rank holds the whole sum already: its own columns, nothing sent.
 Vec reduce_scatter_hidden(const Tp& tp, const std::vector<double>& partial) {
+  if (tp.exact) {
+    Vec mine;
+    for (int64_t t = 0; t < tp.T; ++t)
+      for (int64_t c = tp.me().c0; c < tp.me().c0 + tp.me().n; ++c)
+        mine.push_back(static_cast<float>(partial[t * tp.H + c]));
+    return mine;
+  }
   std::vector<int> counts(tp.P);
   std::vector<double> blocks(tp.T * tp.H), mine(tp.T * tp.me().n);
   for (int q = 0; q < tp.P; ++q) {
@@ -128,11 +144,11 @@ struct ShardedNorm {
     Vec y(in.size());
     if (rms)
       tpnorm::rms_norm_forward(*tp.norm_comm, view(h.data(), Shape{T, n}), g(n),
-                               view(y.data(), Shape{T, n}), view(rstd.data(), Shape{T}));
+                               view(y.data(), Shape{T, n}), view(rstd.data(), Shape{T}), tp.opt);
     else
       tpnorm::layer_norm_forward(*tp.norm_comm, view(h.data(), Shape{T, n}), g(n), b(n),
                                  view(y.data(), Shape{T, n}), view(mean.data(), Shape{T}),
-                                 view(rstd.data(), Shape{T}));
+                                 view(rstd.data(), Shape{T}), tp.opt);
     return y;
   }
   // Returns dL/din.
@@ -142,12 +158,14 @@ struct ShardedNorm {
     if (rms)
       tpnorm::rms_norm_backward(*tp.norm_comm, view(dy.data(), Shape{T, n}),
                                 view(h.data(), Shape{T, n}), g(n), view(rstd.data(), Shape{T}),
-                                view(dx.data(), Shape{T, n}), view(dgamma.data(), Shape{n}));
+                                view(dx.data(), Shape{T, n}), view(dgamma.data(), Shape{n}),
+                                tp.opt);
     else
       tpnorm::layer_norm_backward(*tp.norm_comm, view(dy.data(), Shape{T, n}),
                                   view(h.data(), Shape{T, n}), g(n), view(mean.data(), Shape{T}),
                                   view(rstd.data(), Shape{T}), view(dx.data(), Shape{T, n}),
-                                  view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}));
+                                  view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}),
+                                  tp.opt);
     return dx;
   }
 
@@ -161,12 +179,12 @@ struct ShardedNorm {
     if (rms)
       tpnorm::fused_add_rms_norm_forward(*tp.norm_comm, cview(x, s), cview(f, s), alpha, g(n),
                                          view(h.data(), s), view(y.data(), s),
-                                         view(rstd.data(), Shape{T}));
+                                         view(rstd.data(), Shape{T}), tp.opt);
     else
       tpnorm::fused_add_layer_norm_forward(*tp.norm_comm, cview(x, s), cview(f, s), alpha, g(n),
                                            b(n), view(h.data(), s), view(y.data(), s),
                                            view(mean.data(), Shape{T}),
-                                           view(rstd.data(), Shape{T}));
+                                           view(rstd.data(), Shape{T}), tp.opt);
     return y;
   }
   // Given dL/dy and dh_extra (dL/dh from h's other uses; empty: none), returns {dL/dx, dL/df}.
@@ -179,12 +197,13 @@ struct ShardedNorm {
       tpnorm::fused_add_rms_norm_backward(*tp.norm_comm, cview(dy, s), extra, view(h.data(), s),
                                           g(n), view(rstd.data(), Shape{T}), alpha,
                                           view(dx.data(), s), view(df.data(), s),
-                                          view(dgamma.data(), Shape{n}));
+                                          view(dgamma.data(), Shape{n}), tp.opt);
     else
       tpnorm::fused_add_layer_norm_backward(
           *tp.norm_comm, cview(dy, s), extra, view(h.data(), s), g(n),
           view(mean.data(), Shape{T}), view(rstd.data(), Shape{T}), alpha, view(dx.data(), s),
-          view(df.data(), s), view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}));
+          view(df.data(), s), view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}),
+          tp.opt);
     return {dx, df};
   }
 
@@ -213,7 +232,7 @@ struct TpMlp {
   std::vector<double> dW1, db1, dW2, db2;
 
   TpMlp(const Tp& tp, int64_t F, int layer, double init_scale) {
-    const Slice f = slice_of(F, tp.P, tp.rank);
+    const Slice f = tp.exact ? Slice{0, F} : slice_of(F, tp.P, tp.rank);  // exact: all of F
     Fp = f.n;
     const auto w1 = normal(100 + layer, tp.H * F, init_scale / std::sqrt(double(tp.H)));
     const auto w2 = normal(200 + layer, F * tp.H, init_scale / std::sqrt(double(F)));
@@ -344,6 +363,8 @@ int main(int argc, char** argv) {
                     : arch_name == "deepnorm" ? Arch::kDeepNorm
                                               : Arch::kPre;
   const bool rms = norm_name == "rmsnorm";
+  tp.exact = f.get("stats", "robust") == "exact";
+  tp.opt.stats = tp.exact ? tpnorm::Stats::kExact : tpnorm::Stats::kRobust;
   for (int q = 0; q < tp.P; ++q) tp.hid.push_back(slice_of(tp.H, tp.P, q));
   const Slice me = tp.me();
 
@@ -359,9 +380,10 @@ int main(int argc, char** argv) {
 
   Model model(tp, arch, rms, F, layers);
   if (tp.rank == 0)
-    std::printf("tp_transformer_block: %d ranks, arch %s, %s, T=%lld H=%lld F=%lld, %d layers\n",
-                tp.P, arch_name.c_str(), norm_name.c_str(), (long long)tp.T, (long long)tp.H,
-                (long long)F, layers);
+    std::printf("tp_transformer_block: %d ranks, arch %s, %s, %s statistics, T=%lld H=%lld "
+                "F=%lld, %d layers\n",
+                tp.P, arch_name.c_str(), norm_name.c_str(), tp.exact ? "exact" : "robust",
+                (long long)tp.T, (long long)tp.H, (long long)F, layers);
 
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
@@ -373,7 +395,18 @@ int main(int argc, char** argv) {
       loss += double(h[i] - y[i]) * (h[i] - y[i]) / n;
       dh[i] = static_cast<float>(2.0 * (h[i] - y[i]) / n);
     }
-    MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, tp.comm);
+    if (tp.exact) {  // over the gathered stream in one order: the same sum at every P
+      const Vec hf = all_gather_hidden(tp, h);
+      loss = 0;
+      for (int64_t t = 0; t < tp.T; ++t)
+        for (int64_t c = 0; c < tp.H; ++c) {
+          const auto yc = static_cast<float>(
+              std::tanh(X[t * tp.H + (c + 1) % tp.H] - 0.5 * X[t * tp.H + c]));  // as y above
+          loss += double(hf[t * tp.H + c] - yc) * (hf[t * tp.H + c] - yc) / n;
+        }
+    } else {
+      MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, tp.comm);
+    }
     losses.push_back(loss);
     if (tp.rank == 0) std::printf("step %3d  loss %.9f\n", step, loss);
 
