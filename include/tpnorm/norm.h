@@ -19,6 +19,8 @@
 // NormOptions::check_agreement is off). Payload per rank, in values of the wire type
 // (float64 for Stats::kRobust, float32 for Stats::kNaive):
 //   LayerNorm: 2*rows + H     RMSNorm: rows + H     with H = 10 (agreement on) or 2 (off).
+// Stats::kExact sends int64: LayerNorm 15*rows + H forward, 11*rows + H backward; RMSNorm
+// 10*rows + H / 6*rows + H (see Stats::kExact).
 //
 // dtypes: x, y, dy, dx, gamma, beta, dgamma, dbeta share one storage dtype (fp32, fp16, bf16;
 // fp32 or fp64 accumulation inside); mean and rstd are float32 or float64 [rows]. All views
