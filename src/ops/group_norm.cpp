@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/dispatch.h"
+#include "kernels/cpu/exact_groups.h"
 #include "kernels/cpu/group_norm.h"
 #include "ops/device_hooks.h"
 #include "ops/op_spec.h"
@@ -72,8 +73,6 @@ struct GroupBackward {
 };
 
 void validate_grouping(Validator& v, const Grouping& grp) {
-  if (grp.opt.stats == Stats::kExact)
-    v.fail("stats", "Stats::kExact is not implemented for GroupNorm / InstanceNorm yet");
   const ChannelGroups& cg = grp.cg;
   const Geometry& g = grp.g;
   v.usable("x", grp.x);
@@ -104,8 +103,10 @@ void agree_grouping(PackedCall& call, const Grouping& grp) {
 
 // 2 values per (sample, group); the local count is this rank's channels, which summed over the
 // ranks must be all channels (the slices tile [0, C)).
-PayloadSize grouping_payload(const Grouping& grp) {
-  return {static_cast<size_t>(grp.g.ng * 2), static_cast<double>(grp.g.c_local)};
+// Stats::kExact: int64 limbs of each slot's exact sums instead (kernels/cpu/exact_groups.h).
+PayloadSize grouping_payload(const Grouping& grp, bool forward) {
+  const int per = grp.opt.stats == Stats::kExact ? kc::exact_group_limbs(forward) : 2;
+  return {static_cast<size_t>(grp.g.ng * per), static_cast<double>(grp.g.c_local)};
 }
 
 // Elements per group, checked against the naive mode's limit (every rank agrees on it).
@@ -144,13 +145,15 @@ void backward_apply_device(PackedCall& call, DeviceCommunicator& dev, const Grou
                             group_count(grp, "group_norm_backward"), a.dy, grp.x, grp.gamma, a.mean,
                             a.rstd, a.dx, a.dgamma, a.dbeta);
 }
-PayloadSize device_payload(const Grouping& grp) {
-  PayloadSize p = grouping_payload(grp);
+PayloadSize device_payload(const Grouping& grp, bool forward) {
+  PayloadSize p = grouping_payload(grp, forward);
   p.device_scratch = group_scratch_cuda(grp.k);
   return p;
 }
 #else
-PayloadSize device_payload(const Grouping& grp) { return grouping_payload(grp); }
+PayloadSize device_payload(const Grouping& grp, bool forward) {
+  return grouping_payload(grp, forward);
+}
 #endif
 constexpr DeviceHooks<GroupForward> kForwardDevice =
     TPNORM_DEVICE_HOOKS(forward_partial_device, forward_apply_device);
@@ -177,9 +180,15 @@ class GroupForwardOp final : public SpecOf<GroupForward> {
     call.agree("beta", args_.beta.present() ? 1 : 0);
     agree_grouping(call, args_.grp);
   }
-  PayloadSize payload() const override { return device_payload(args_.grp); }
+  PayloadSize payload() const override { return device_payload(args_.grp, true); }
   void partial(PackedCall& call) override {
     const Grouping& grp = args_.grp;
+    if (call.wire() == DType::I64)
+      return dispatch_storage(grp.x.dtype, [&](auto t) {
+        using T = decltype(t);
+        kc::group_exact_partial_forward<T>(grp.k, static_cast<const T*>(grp.x.data),
+                                           call.payload<int64_t>());
+      });
     dispatch_storage(grp.x.dtype, [&](auto t) {
       dispatch_acc(call.wire(), [&](auto w) {
         using T = decltype(t);
@@ -193,14 +202,26 @@ class GroupForwardOp final : public SpecOf<GroupForward> {
     const Grouping& grp = args_.grp;
     const GroupForward& a = args_;
     const double count = checked_count(call, grp, name());
+    // Stats::kExact: the summed limbs become each slot's final {mean, variance}.
+    kc::GroupNormArgs k = grp.k;
+    std::vector<double> exact;
+    void* stats = call.payload_data();
+    DType wire = call.wire();
+    if (wire == DType::I64) {
+      exact.resize(static_cast<size_t>(2 * grp.g.ng));
+      kc::exact_group_finish(k, true, call.payload<int64_t>(), count, exact.data());
+      k.final_stats = true;
+      stats = exact.data();
+      wire = DType::F64;
+    }
     dispatch_kernel_types(
-        grp.x.dtype, call.wire(), saved_dtype(a.mean, a.rstd), [&](auto t, auto w, auto s) {
+        grp.x.dtype, wire, saved_dtype(a.mean, a.rstd), [&](auto t, auto w, auto s) {
           using T = decltype(t);
           using W = decltype(w);
           using S = decltype(s);
           kc::group_apply_forward<T, W, S>(
-              grp.k, static_cast<const T*>(grp.x.data), static_cast<const T*>(grp.gamma.data),
-              static_cast<const T*>(a.beta.data), call.payload<W>(), count, grp.opt.eps,
+              k, static_cast<const T*>(grp.x.data), static_cast<const T*>(grp.gamma.data),
+              static_cast<const T*>(a.beta.data), static_cast<W*>(stats), count, grp.opt.eps,
               static_cast<T*>(a.y.data), static_cast<S*>(a.mean.data),
               static_cast<S*>(a.rstd.data));
         });
@@ -223,20 +244,36 @@ class GroupBackwardOp final : public SpecOf<GroupBackward> {
     v.optional("dbeta", args_.dbeta, grp.g.c_local, grp.x.dtype);
   }
   void agree(PackedCall& call) const override { agree_grouping(call, args_.grp); }
-  PayloadSize payload() const override { return device_payload(args_.grp); }
+  PayloadSize payload() const override { return device_payload(args_.grp, false); }
   // This rank's dgamma / dbeta partial sums stay local (they are per local channel).
   void partial(PackedCall& call) override {
     const int64_t c_local = args_.grp.g.c_local;
     dparams_.assign(static_cast<size_t>(2 * (c_local > 0 ? c_local : 0)), 0.0);
+    if (call.wire() == DType::I64)
+      return dispatch(call, [&](auto in, auto*) {
+        kc::group_exact_partial_backward(args_.grp.k, in.dy, in.x, in.gamma, in.mean, in.rstd,
+                                         call.payload<int64_t>(), dparams_.data());
+      });
     dispatch(call, [&](auto in, auto* stats) {
       kc::group_partial_backward(args_.grp.k, in.dy, in.x, in.gamma, in.mean, in.rstd, stats,
                                  dparams_.data());
     });
   }
   void apply(PackedCall& call) override {
-    const double count = checked_count(call, args_.grp, name());
-    dispatch(call, [&](auto in, auto* stats) {
+    double count = checked_count(call, args_.grp, name());
+    // Stats::kExact: each slot's sums divided by the count, rounded once; then count = 1.
+    std::vector<double> exact;
+    if (call.wire() == DType::I64) {
+      exact.resize(static_cast<size_t>(2 * args_.grp.g.ng));
+      kc::exact_group_finish(args_.grp.k, false, call.payload<int64_t>(), count, exact.data());
+      count = 1;
+    }
+    dispatch(call, [&](auto in, auto* wire_stats) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(in.x)>>;
+      const auto* stats = wire_stats;
+      if constexpr (std::is_same_v<std::remove_const_t<std::remove_pointer_t<decltype(stats)>>,
+                                   double>)
+        if (!exact.empty()) stats = exact.data();
       kc::group_apply_backward(args_.grp.k, in.dy, in.x, in.gamma, in.mean, in.rstd, stats, count,
                                dparams_.data(), static_cast<T*>(args_.dx.data),
                                static_cast<T*>(args_.dgamma.data),
@@ -255,10 +292,12 @@ class GroupBackwardOp final : public SpecOf<GroupBackward> {
     const S* rstd;
   };
   // fn(In<T, S>, W* payload) for the call's storage, wire and saved-statistics types.
+  // (Stats::kExact: W = double, whose payload pointer the exact branches do not read as such.)
   template <class Fn>
   void dispatch(PackedCall& call, Fn&& fn) {
     const GroupBackward& a = args_;
-    dispatch_kernel_types(a.grp.x.dtype, call.wire(), a.rstd.dtype, [&](auto t, auto w, auto s) {
+    const DType wire = call.wire() == DType::I64 ? DType::F64 : call.wire();
+    dispatch_kernel_types(a.grp.x.dtype, wire, a.rstd.dtype, [&](auto t, auto w, auto s) {
       using T = decltype(t);
       using S = decltype(s);
       fn(In<T, S>{static_cast<const T*>(a.dy.data), static_cast<const T*>(a.grp.x.data),

@@ -26,6 +26,7 @@
 #include "tpnorm/batch_norm.h"
 #include "tpnorm/batched.h"
 #include "tpnorm/fused.h"
+#include "tpnorm/group_norm.h"
 #include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
 
@@ -34,7 +35,7 @@ using namespace tpnorm_test;
 
 namespace {
 
-constexpr int kCases = 240;
+constexpr int kCases = 360;
 constexpr uint64_t kSeed = 1515;
 
 // Elements of a and b (same dtype and size) whose bits differ; prints the first few.
@@ -327,9 +328,107 @@ PropertyCase draw_bn(std::mt19937_64& g, int P) {
           }};
 }
 
+// ---- GroupNorm / InstanceNorm: channels sharded over ranks (a group may span ranks) ----------
+struct GnCase {
+  int64_t n, c, groups;
+  std::vector<int64_t> spatial;
+  bool affine;
+  DType dt, saved;
+  double offset;
+  std::vector<int> weights;
+  int threads_one, threads_sharded;
+};
+
+struct GnOut {
+  Buffer y, mean, rstd, dx, dg, db;
+};
+
+// Channels [c0, c0 + nc) of every sample of a full [n, c, inner] tensor.
+std::vector<float> chans(const std::vector<float>& v, int64_t n, int64_t c, int64_t inner,
+                         int64_t c0, int64_t nc) {
+  std::vector<float> out;
+  for (int64_t b = 0; b < n; ++b)
+    out.insert(out.end(), v.begin() + (b * c + c0) * inner, v.begin() + (b * c + c0 + nc) * inner);
+  return out;
+}
+
+GnOut run_gn(Communicator& comm, const GnCase& c, int threads, int64_t c0, int64_t nc,
+             const std::vector<float>& x, const std::vector<float>& dy,
+             const std::vector<float>& gamma, const std::vector<float>& beta) {
+  int64_t inner = 1;
+  for (int64_t d : c.spatial) inner *= d;
+  Shape xs;
+  xs.dims[xs.ndim++] = c.n;
+  xs.dims[xs.ndim++] = nc;
+  for (int64_t d : c.spatial) xs.dims[xs.ndim++] = d;
+  Buffer xb(c.dt, chans(x, c.n, c.c, inner, c0, nc)), dyb(c.dt, chans(dy, c.n, c.c, inner, c0, nc));
+  Buffer gb(c.dt, chans(gamma, 1, c.c, 1, c0, nc)), bb(c.dt, chans(beta, 1, c.c, 1, c0, nc));
+  const int64_t ng = c.n * c.groups;
+  GnOut o{Buffer(c.dt, c.n * nc * inner), Buffer(c.saved, ng), Buffer(c.saved, ng),
+          Buffer(c.dt, c.n * nc * inner), Buffer(c.dt, nc), Buffer(c.dt, nc)};
+  const Shape cs{nc}, gs{ng};
+  NormOptions opt;
+  opt.stats = Stats::kExact;
+  opt.num_threads = threads;
+  const ChannelGroups cg{c.groups, c.c, c0};
+  const TensorView gv = c.affine ? gb.view(cs) : TensorView{};
+  const TensorView bv = c.affine ? bb.view(cs) : TensorView{};
+  group_norm_forward(comm, xb.view(xs), cg, gv, bv, o.y.view(xs), o.mean.view(gs), o.rstd.view(gs),
+                     opt);
+  group_norm_backward(comm, dyb.view(xs), xb.view(xs), cg, gv, o.mean.view(gs), o.rstd.view(gs),
+                      o.dx.view(xs), c.affine ? o.dg.view(cs) : TensorView{},
+                      c.affine ? o.db.view(cs) : TensorView{}, opt);
+  return o;
+}
+
+PropertyCase draw_gn(std::mt19937_64& g, int P) {
+  GnCase c;
+  c.groups = 1 + pick(g, 4);
+  c.c = c.groups * (1 + pick(g, 3));  // InstanceNorm when groups == channels
+  c.n = 1 + pick(g, 3);
+  for (int d = 1 + pick(g, 2); d > 0; --d) c.spatial.push_back(1 + pick(g, 7));
+  c.affine = pick(g, 3) != 0;
+  c.dt = draw_dtype(g);
+  c.saved = pick(g, 2) ? DType::F32 : DType::F64;
+  c.offset = draw_offset(g);
+  c.weights = draw_weights(g, P);
+  c.threads_one = 1 + pick(g, 2);
+  c.threads_sharded = 3 - c.threads_one;
+  std::string w;
+  for (int x : c.weights) w += std::to_string(x) + ",";
+  const std::string what = "GroupNorm P=" + std::to_string(P) + " N=" + std::to_string(c.n) +
+                           " C=" + std::to_string(c.c) + " G=" + std::to_string(c.groups) + " " +
+                           dtype_name(c.dt) + " offset " + std::to_string(c.offset) +
+                           " weights " + w;
+  return {"GroupNorm", what, [c](Communicator& comm, uint64_t seed) {
+            int64_t inner = 1;
+            for (int64_t d : c.spatial) inner *= d;
+            const int64_t total = c.n * c.c * inner;
+            const auto x = normal(seed, 0, total, c.offset, 1.0);
+            const auto dy = normal(seed, 1, total);
+            const auto gamma = normal(seed, 2, c.c, 1.0, 0.5), beta = normal(seed, 3, c.c);
+            auto one = make_single_communicator();
+            GnOut want = run_gn(*one, c, c.threads_one, 0, c.c, x, dy, gamma, beta);
+            const Split sp = split_weighted(c.c, c.weights);
+            const int me = comm.rank();
+            const int64_t c0 = sp.offset[me], nc = sp.count[me];
+            GnOut got = run_gn(comm, c, c.threads_sharded, c0, nc, x, dy, gamma, beta);
+            Buffer wy(c.dt, chans(want.y.floats(), c.n, c.c, inner, c0, nc));
+            Buffer wdx(c.dt, chans(want.dx.floats(), c.n, c.c, inner, c0, nc));
+            Buffer wdg(c.dt, chans(want.dg.floats(), 1, c.c, 1, c0, nc));
+            Buffer wdb(c.dt, chans(want.db.floats(), 1, c.c, 1, c0, nc));
+            int64_t wrong = bits_differ("y", got.y, wy) + bits_differ("mean", got.mean, want.mean) +
+                            bits_differ("rstd", got.rstd, want.rstd) +
+                            bits_differ("dx", got.dx, wdx);
+            if (c.affine)
+              wrong += bits_differ("dgamma", got.dg, wdg) + bits_differ("dbeta", got.db, wdb);
+            return wrong;
+          }};
+}
+
 TEST(ExactInvariance, RandomCasesBitwiseEqualToOneProcess) {
-  const std::vector<std::function<PropertyCase(std::mt19937_64&, int)>> drawers = {draw_rows,
-                                                                                   draw_bn};
+  const std::vector<std::function<PropertyCase(std::mt19937_64&, int)>> drawers = {
+      draw_rows, draw_bn, draw_gn};
   run_random_cases(kCases, kSeed, [&](std::mt19937_64& g, int P) {
     return drawers[static_cast<size_t>(pick(g, static_cast<int>(drawers.size())))](g, P);
   });

@@ -66,7 +66,10 @@ void group_apply_forward(const GroupNormArgs& a, const T* x, const T* gamma, con
   std::vector<double> mu(static_cast<size_t>(ng), 0.0), rs(static_cast<size_t>(ng));
   for (int64_t k = 0; k < ng; ++k) {
     double var = 0;
-    if (count > 0) {
+    if (a.final_stats) {
+      mu[k] = static_cast<double>(stats[2 * k]);
+      var = static_cast<double>(stats[2 * k + 1]);
+    } else if (count > 0) {
       mu[k] = static_cast<double>(stats[2 * k]) / count;
       var = std::max(static_cast<double>(stats[2 * k + 1]) / count - mu[k] * mu[k], 0.0);
     }

@@ -23,6 +23,9 @@ struct GroupNormArgs {
   int64_t groups = 1;   ///< all groups
   int64_t cpg = 1;      ///< channels per group
   int threads = 0;
+  /// Stats::kExact: group_apply_forward's stats hold each slot's {mean, variance}, rounded once
+  /// from exact sums (kernels/cpu/exact_groups.h), used as they are.
+  bool final_stats = false;
 };
 
 /// Adds this rank's planes into stats [n * groups * 2] (zeroed by the caller).
