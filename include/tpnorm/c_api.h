@@ -40,7 +40,11 @@ typedef enum {
 typedef enum { TPNORM_F32 = 0, TPNORM_F16 = 1, TPNORM_BF16 = 2, TPNORM_F64 = 3 } tpnorm_dtype_t;
 
 /* Values match tpnorm::Stats. */
-typedef enum { TPNORM_STATS_ROBUST = 0, TPNORM_STATS_NAIVE = 1 } tpnorm_stats_t;
+typedef enum {
+  TPNORM_STATS_ROBUST = 0,
+  TPNORM_STATS_NAIVE = 1,
+  TPNORM_STATS_EXACT = 2 /* integer statistics: the same bits at every world size (tpnorm/norm.h) */
+} tpnorm_stats_t;
 
 /* Versioned options (NCCL's config style): `size` and `version` first, so that a library built
  * against a newer header still reads an older caller's struct (fields past `size` take their
