@@ -35,6 +35,8 @@ target_sources(tpnorm PRIVATE ${TPNORM_CUDA_SOURCES})
 set_target_properties(tpnorm PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
                       CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
 target_link_libraries(tpnorm PUBLIC CUDA::cudart)
+# NVTX3 (src/common/nvtx.h) is header-only; it looks for a profiler's injection library with dlopen.
+target_link_libraries(tpnorm PUBLIC ${CMAKE_DL_LIBS})
 target_compile_definitions(tpnorm PUBLIC TPNORM_WITH_CUDA=1)
 if(NCCL_FOUND)
   target_link_libraries(tpnorm PUBLIC NCCL::NCCL)

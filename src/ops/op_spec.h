@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "common/nvtx.h"
 #include "ops/packed_call.h"
 #include "ops/validate.h"
 #include "tpnorm/communicator.h"
@@ -162,6 +163,9 @@ class StartedOp {
   std::unique_ptr<OpSpec> owned_;
   OpSpec& op_;
   Communicator& comm_;
+  // The call's NVTX range (device calls only; common/nvtx.h): a member, so that a start that
+  // throws still ends it.
+  nvtx::CallRange trace_;
   // A call that communicates nothing validates on a single-process call, so that a local
   // error cannot strand a peer and the communicator's sequence only counts collectives.
   std::unique_ptr<Communicator> local_;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/exact_sum.h"
+#include "common/nvtx.h"
 #include "ops/op_spec.h"
 #include "tpnorm/error.h"
 
@@ -43,11 +44,17 @@ void prepare_device(PackedCall& call, Communicator& comm, DeviceCommunicator& de
   }
 }
 
+// Device calls get an NVTX range named after the public call (a string literal).
+const char* traced(const Communicator& comm, const OpSpec& op) {
+  return comm.device().kind != DeviceKind::CPU ? op.name() : nullptr;
+}
+
 }  // namespace
 
 StartedOp::StartedOp(Communicator& comm, OpSpec& op)
     : op_(op),
       comm_(comm),
+      trace_(traced(comm, op_)),
       local_(op.collective() ? nullptr : make_single_communicator()),
       call_(local_ ? *local_ : comm, op.name(), wire_of(op.stats()), op.check_agreement()) {
   start();
@@ -57,6 +64,7 @@ StartedOp::StartedOp(Communicator& comm, std::unique_ptr<OpSpec> op)
     : owned_(std::move(op)),
       op_(*owned_),
       comm_(comm),
+      trace_(traced(comm, op_)),
       local_(op_.collective() ? nullptr : make_single_communicator()),
       call_(local_ ? *local_ : comm, op_.name(), wire_of(op_.stats()), op_.check_agreement()) {
   start();
@@ -109,6 +117,7 @@ void StartedOp::start() {
   // that throws (a device that cannot be made current, a kernel that did not launch) is this
   // rank's failure, which every rank then sees.
   if (!call_.failed()) {
+    nvtx::Phase phase(trace_, "partial");
     try {
       if (on_device_)
         op_.partial_device(call_, *dev_);
@@ -120,20 +129,29 @@ void StartedOp::start() {
       call_.fail(e.what(), on_device_ ? ErrorCode::kCommunication : ErrorCode::kInternal);
     }
   }
-  if (op_.collective())
+  if (op_.collective()) {
+    nvtx::Phase phase(trace_, "collective");
     call_.start_reduce();
-  else
+  } else {
     call_.throw_if_failed_locally(comm_.rank());
+  }
 }
 
 void StartedOp::finish() {
   if (finished_) return;
   finished_ = true;  // a finish that throws (a failed call) is finished too: nothing to redo
-  if (op_.collective()) call_.finish_reduce();
-  if (on_device_)
-    op_.apply_device(call_, *dev_);
-  else
-    op_.apply(call_);
+  if (op_.collective()) {
+    nvtx::Phase phase(trace_, "collective");
+    call_.finish_reduce();
+  }
+  {
+    nvtx::Phase phase(trace_, "apply");
+    if (on_device_)
+      op_.apply_device(call_, *dev_);
+    else
+      op_.apply(call_);
+  }
+  trace_.end();
 }
 
 }  // namespace tpnorm::detail
