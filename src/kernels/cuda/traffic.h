@@ -1,0 +1,154 @@
+// traffic.h — the bytes each CUDA kernel of a call reads from and writes to global memory, for
+// a shape, computed on the host from the same plans the launchers use (plan.h). Plain C++ (no
+// CUDA types): the GPU benchmark prints it next to the op's minimum bytes, and a host test
+// (tests/gpu/host_test_gpu_traffic.cpp) checks it against hand-computed numbers without a GPU.
+//
+// Counting rule: every distinct byte a kernel touches counts once for that kernel, however
+// often the kernel reads it (gamma, read by every row, counts h * s; the robust pivot's re-read
+// of a row's first values counts nothing extra). A byte read by two kernels counts twice: that
+// is the re-read the "minimum bytes" excludes (the apply's x after the partial's x).
+// Kernels are listed in launch order with the launchers' names ("row partial_fwd", ...); the
+// call header kernel (kernels/cuda/call_header.h) writes the header, and the collective
+// (NCCL or the communicator's own) is not a kernel of tpnorm and is not counted here.
+//
+// Covered: the row norms (LayerNorm / RMSNorm) and SyncBatchNorm training calls, forward and
+// backward, of a call that succeeds. Not covered: the fused residual add, GroupNorm, batched
+// norms, SyncBatchNorm in eval mode.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/plan.h"
+
+namespace tpnorm::kernels::cuda {
+
+struct KernelBytes {
+  const char* kernel;  ///< the launcher's name, e.g. "row apply_fwd"
+  int64_t read = 0, written = 0;
+};
+
+struct Traffic {
+  std::vector<KernelBytes> kernels;
+  int64_t read() const {
+    int64_t b = 0;
+    for (const KernelBytes& k : kernels) b += k.read;
+    return b;
+  }
+  int64_t written() const {
+    int64_t b = 0;
+    for (const KernelBytes& k : kernels) b += k.written;
+    return b;
+  }
+  int64_t total() const { return read() + written(); }
+};
+
+/// A row norm call: `elem` bytes per stored element (x, y, dy, dx, gamma, beta, dgamma, dbeta),
+/// `wire` bytes per statistic value (8: Stats::kRobust, 4: kNaive), `saved` bytes per saved
+/// mean / rstd value, `header` the call header's values (tpnorm::call_header_values).
+struct RowTrafficArgs {
+  int64_t rows = 0, h = 0;
+  int64_t elem = 4, wire = 8, saved = 4, header = 10;
+  bool centered = true;  ///< LayerNorm (mean and variance) or RMSNorm
+  bool gamma = true, beta = true;
+  bool save_mean = true, save_rstd = true;  ///< forward: which saved statistics are written
+  bool dgamma = true, dbeta = true;         ///< backward: which parameter gradients are written
+};
+
+inline Traffic row_forward_traffic(const RowTrafficArgs& a) {
+  const int64_t n = a.rows * a.h * a.elem, k = a.centered ? 2 : 1, pay = a.rows * k * a.wire;
+  Traffic t;
+  if (a.rows > 0) t.kernels.push_back({"row partial_fwd", n, pay});
+  t.kernels.push_back({"call header", 0, a.header * a.wire});
+  if (a.rows > 0) {
+    const int64_t params = ((a.gamma ? 1 : 0) + (a.beta && a.centered ? 1 : 0)) * a.h * a.elem;
+    const int64_t saved =
+        ((a.save_mean && a.centered ? 1 : 0) + (a.save_rstd ? 1 : 0)) * a.rows * a.saved;
+    t.kernels.push_back({"row apply_fwd", n + params + a.header * a.wire + pay, n + saved});
+  }
+  return t;
+}
+
+inline Traffic row_backward_traffic(const RowTrafficArgs& a) {
+  const int64_t n = a.rows * a.h * a.elem, k = a.centered ? 2 : 1, pay = a.rows * k * a.wire;
+  const int64_t gamma = a.gamma ? a.h * a.elem : 0;
+  const int64_t stats = (a.centered ? 2 : 1) * a.rows * a.saved;  // saved mean (LN) and rstd
+  Traffic t;
+  if (a.rows > 0) t.kernels.push_back({"row partial_bwd", 2 * n + gamma + stats, pay});
+  t.kernels.push_back({"call header", 0, a.header * a.wire});
+  if (a.rows > 0)
+    t.kernels.push_back({"row apply_bwd", 2 * n + gamma + stats + a.header * a.wire + pay, n});
+  const bool dbeta = a.dbeta && a.centered;  // RMSNorm has no beta
+  if ((a.dgamma || dbeta) && a.h > 0) {
+    int64_t rpc = 0;
+    const int64_t chunks = dgamma_chunks(a.rows, a.h, &rpc);
+    const int64_t part = 2 * chunks * a.h * 4;  // float partials per (chunk, column)
+    if (chunks > 0) t.kernels.push_back({"row dgamma_part", 2 * n + stats, part});
+    t.kernels.push_back({"row dgamma_final", part + a.header * a.wire,
+                         ((a.dgamma ? 1 : 0) + (dbeta ? 1 : 0)) * a.h * a.elem});
+  }
+  return t;
+}
+
+/// A SyncBatchNorm training call on this rank's [outer, c, inner] (NCHW: outer = n, inner =
+/// prod(spatial); channels-last: outer = n * prod(spatial), inner = 1).
+struct BnTrafficArgs {
+  int64_t outer = 0, c = 0, inner = 1;
+  bool channels_last = false;
+  int64_t elem = 4, wire = 8, saved = 4, running = 4, header = 10;
+  bool robust = true;          ///< forward: the combine kernel re-reads each channel's pivot
+  bool update_running = true;  ///< forward: running mean / var read and written
+  bool gamma = true, beta = true;
+  bool dgamma = true, dbeta = true;
+};
+
+inline Traffic bn_forward_traffic(const BnTrafficArgs& a) {
+  const BnPlan p = plan_channels(a.outer, a.c, a.inner);
+  const int64_t n = a.outer * a.c * a.inner * a.elem, part = p.splits * 2 * a.c * 4;
+  const int64_t pay = 2 * a.c * a.wire, hdr = a.header * a.wire;
+  Traffic t;
+  if (a.c <= 0) {  // nothing but the header
+    t.kernels.push_back({"call header", 0, hdr});
+    return t;
+  }
+  if (p.splits > 0) t.kernels.push_back({p.wide ? "bn sums_wide" : "bn sums_narrow", n, part});
+  // The pivot: the channel's first min(32, span) values (common/pivot.h: channel_pivot).
+  const int64_t span = a.channels_last ? a.outer * a.inner : a.inner;
+  const int64_t pivot = a.robust && p.has_values ? a.c * (span < 32 ? span : 32) * a.elem : 0;
+  t.kernels.push_back({"bn combine", part + pivot, pay});
+  t.kernels.push_back({"call header", 0, hdr});
+  const int64_t params = ((a.gamma ? 1 : 0) + (a.beta ? 1 : 0)) * a.c * a.elem;
+  const int64_t run = a.update_running ? 2 * a.c * a.running : 0;
+  const int64_t consts = 4 * a.c * 4;  // head, tail, scale, shift (float)
+  t.kernels.push_back(
+      {"bn fwd_consts", hdr + pay + params + run, consts + 2 * a.c * a.saved + run});
+  if (n > 0) t.kernels.push_back({"bn apply_fwd", n + consts + hdr, n});
+  return t;
+}
+
+inline Traffic bn_backward_traffic(const BnTrafficArgs& a) {
+  const BnPlan p = plan_channels(a.outer, a.c, a.inner);
+  const int64_t n = a.outer * a.c * a.inner * a.elem, part = p.splits * 2 * a.c * 4;
+  const int64_t pay = 2 * a.c * a.wire, hdr = a.header * a.wire, stat = a.c * a.saved;
+  Traffic t;
+  if (a.c <= 0) {  // nothing but the header
+    t.kernels.push_back({"call header", 0, hdr});
+    return t;
+  }
+  if (p.splits > 0)
+    t.kernels.push_back({p.wide ? "bn sums_wide" : "bn sums_narrow", 2 * n + stat, part});
+  const int64_t local = 2 * a.c * 8;  // the local sums kept in float64 for dgamma / dbeta
+  t.kernels.push_back({"bn combine", part, pay + local});
+  t.kernels.push_back({"call header", 0, hdr});
+  const int64_t consts = 5 * a.c * 4;  // head, tail, k, c1, c2 (float)
+  t.kernels.push_back(
+      {"bn bwd_consts", hdr + pay + (a.gamma ? a.c * a.elem : 0) + 2 * stat, consts});
+  if (n > 0) t.kernels.push_back({"bn apply_bwd", 2 * n + consts + hdr, n});
+  const int64_t grads = (a.dgamma ? 1 : 0) + (a.dbeta ? 1 : 0);
+  if (grads > 0)  // one float64 local sum per gradient and channel; invstd for dgamma
+    t.kernels.push_back({"bn param_grads", hdr + grads * a.c * 8 + (a.dgamma ? stat : 0),
+                         grads * a.c * a.elem});
+  return t;
+}
+
+}  // namespace tpnorm::kernels::cuda

@@ -1,0 +1,134 @@
+// Host tests (no GPU needed) of the kernels' byte accounting (kernels/cuda/traffic.h) against
+// numbers worked by hand from the kernels' code for small shapes: which kernels a call
+// launches, in order, and the bytes each reads and writes (each distinct byte once per
+// kernel; the call header has 10 float64 values with agreement checked).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/traffic.h"
+
+using namespace tpnorm::kernels::cuda;
+
+namespace {
+
+struct Want {
+  std::string kernel;
+  int64_t read, written;
+};
+
+void expect_kernels(const Traffic& t, const std::vector<Want>& want) {
+  ASSERT_EQ(t.kernels.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(t.kernels[i].kernel, want[i].kernel) << "kernel " << i;
+    EXPECT_EQ(t.kernels[i].read, want[i].read) << want[i].kernel << " reads";
+    EXPECT_EQ(t.kernels[i].written, want[i].written) << want[i].kernel << " writes";
+  }
+}
+
+TEST(GpuTraffic, LayerNormForwardFp32) {
+  // 4 x 1024 fp32: x is 16384 B; payload 4 rows x {S1, S2} x 8 B = 64; header 80.
+  RowTrafficArgs a;
+  a.rows = 4;
+  a.h = 1024;
+  const Traffic t = row_forward_traffic(a);
+  expect_kernels(t, {{"row partial_fwd", 16384, 64},
+                     {"call header", 0, 80},
+                     // x + gamma, beta (2 x 4096) + header + payload; y + mean, rstd (2 x 16)
+                     {"row apply_fwd", 16384 + 8192 + 80 + 64, 16384 + 32}});
+  EXPECT_EQ(t.read(), 41104);
+  EXPECT_EQ(t.written(), 16560);
+  EXPECT_EQ(t.total(), 57664);  // x twice + y (3 N s = 49152) + 8512 of the rest
+}
+
+TEST(GpuTraffic, RmsNormBackwardBf16WithDgamma) {
+  // 16 x 100 bf16: dy, x, dx 3200 B each; gamma 200; rstd 16 x 4 = 64; payload 16 x 8 = 128.
+  // dgamma_chunks(16, 100): 4 column tiles, min(256, 2) = 2 chunks of 8 rows: partials
+  // 2 chunks x 2 x 100 floats = 1600 B. RMSNorm has no dbeta.
+  RowTrafficArgs a;
+  a.rows = 16;
+  a.h = 100;
+  a.elem = 2;
+  a.centered = false;
+  a.beta = false;
+  const Traffic t = row_backward_traffic(a);
+  expect_kernels(t, {{"row partial_bwd", 6400 + 200 + 64, 128},
+                     {"call header", 0, 80},
+                     {"row apply_bwd", 6400 + 200 + 64 + 80 + 128, 3200},
+                     {"row dgamma_part", 6400 + 64, 1600},
+                     {"row dgamma_final", 1600 + 80, 200}});
+  EXPECT_EQ(t.read(), 21680);
+  EXPECT_EQ(t.written(), 5208);
+}
+
+TEST(GpuTraffic, LayerNormBackwardWithoutParamsHasNoColumnPass) {
+  RowTrafficArgs a;
+  a.rows = 8;
+  a.h = 64;
+  a.dgamma = a.dbeta = false;
+  const Traffic t = row_backward_traffic(a);
+  ASSERT_EQ(t.kernels.size(), 3u);
+  // dy and x read twice, dx written once: 5 N s with N s = 2048, plus mean/rstd, gamma, stats.
+  EXPECT_EQ(t.total(), 5 * 2048 + 2 * (256 + 64) + 128 + 80 + 80 + 128);
+}
+
+TEST(GpuTraffic, SyncBatchNormForwardNchwFp32) {
+  // [2, 3, 40] fp32: x 960 B; plan: wide, 2 splits -> partials 2 x 2 x 3 floats = 48 B;
+  // payload 3 x {S1, S2} x 8 = 48; the pivot re-read in combine: 3 channels x 32 values x 4.
+  BnTrafficArgs a;
+  a.outer = 2;
+  a.c = 3;
+  a.inner = 40;
+  const Traffic t = bn_forward_traffic(a);
+  expect_kernels(t, {{"bn sums_wide", 960, 48},
+                     {"bn combine", 48 + 384, 48},
+                     {"call header", 0, 80},
+                     // header + payload + gamma, beta (24) + running (24); consts 48 +
+                     // saved 24 + running 24
+                     {"bn fwd_consts", 80 + 48 + 24 + 24, 48 + 24 + 24},
+                     {"bn apply_fwd", 960 + 48 + 80, 960}});
+  EXPECT_EQ(t.read(), 2656);
+  EXPECT_EQ(t.written(), 1232);
+}
+
+TEST(GpuTraffic, SyncBatchNormBackwardChannelsLastBf16) {
+  // n = 2, 3 x 5 spatial, 4 channels, channels-last: [30, 4, 1]; dy, x, dx 240 B each; plan:
+  // narrow, 4 splits of 8 rows -> partials 4 x 2 x 4 floats = 128 B; mean/invstd 16 B each.
+  BnTrafficArgs a;
+  a.outer = 30;
+  a.c = 4;
+  a.inner = 1;
+  a.channels_last = true;
+  a.elem = 2;
+  const Traffic t = bn_backward_traffic(a);
+  expect_kernels(t, {{"bn sums_narrow", 480 + 16, 128},
+                     {"bn combine", 128, 64 + 64},
+                     {"call header", 0, 80},
+                     {"bn bwd_consts", 80 + 64 + 8 + 32, 80},
+                     {"bn apply_bwd", 480 + 80 + 80, 240},
+                     {"bn param_grads", 80 + 64 + 16, 16}});
+  EXPECT_EQ(t.read(), 1608);
+  EXPECT_EQ(t.written(), 672);
+}
+
+TEST(GpuTraffic, EmptyShapesLaunchOnlyTheHeader) {
+  RowTrafficArgs r;
+  r.rows = 0;
+  r.h = 16;
+  r.dgamma = r.dbeta = false;
+  EXPECT_EQ(row_forward_traffic(r).kernels.size(), 1u);
+  EXPECT_EQ(row_backward_traffic(r).total(), 80);
+  BnTrafficArgs b;
+  b.outer = 4;
+  b.c = 8;
+  b.inner = 0;  // a zero-size spatial dim: no sums kernel, no apply
+  const Traffic t = bn_forward_traffic(b);
+  for (const KernelBytes& k : t.kernels) {
+    EXPECT_NE(std::string(k.kernel), "bn sums_wide");
+    EXPECT_NE(std::string(k.kernel), "bn apply_fwd");
+  }
+}
+
+}  // namespace
