@@ -176,17 +176,22 @@ __global__ void fwd_consts(int64_t c, BnForwardStats f, const T* gamma, const T*
   }
 }
 
-template <class T>
+// The element-wise kernels index with I: uint32_t when the tensor has fewer than 2^31
+// elements (i + the grid's stride, at most 2^21, then never wraps), so each element's channel
+// costs 32-bit divisions instead of 64-bit ones; else int64_t. Every element gets the same
+// float arithmetic either way.
+template <class T, class I>
 __global__ void apply_fwd(Geo g, Header hd, const T* __restrict__ x, T* __restrict__ y,
                           const float* consts, int* err) {
   double n;
   if (!call_ok(hd, true, &n)) return mark_failed(err);
-  const int64_t total = g.outer * g.c * g.inner;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t ch = (i / g.inner) % g.c;
-    y[i] = from_f<T>(((to_f(x[i]) - consts[ch]) - consts[g.c + ch]) * consts[2 * g.c + ch] +
-                     consts[3 * g.c + ch]);
+  const I total = static_cast<I>(g.outer * g.c * g.inner), inner = static_cast<I>(g.inner);
+  const I c = static_cast<I>(g.c);
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I ch = (i / inner) % c;
+    y[i] = from_f<T>(((to_f(x[i]) - consts[ch]) - consts[c + ch]) * consts[2 * c + ch] +
+                     consts[3 * c + ch]);
   }
 }
 
@@ -211,15 +216,16 @@ __global__ void bwd_consts(int64_t c, Header hd, const T* gamma, const void* mea
   consts[4 * c + ch] = c2;
 }
 
-template <class T>
+template <class T, class I>  // I: see apply_fwd
 __global__ void apply_bwd(Geo g, Header hd, const T* __restrict__ dy, const T* __restrict__ x,
                           T* __restrict__ dx, const float* consts, int* err) {
   double n;
   if (!call_ok(hd, false, &n)) return mark_failed(err);
-  const int64_t total = g.outer * g.c * g.inner, c = g.c;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t ch = (i / g.inner) % c;
+  const I total = static_cast<I>(g.outer * g.c * g.inner), inner = static_cast<I>(g.inner);
+  const I c = static_cast<I>(g.c);
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I ch = (i / inner) % c;
     const float xc = (to_f(x[i]) - consts[ch]) - consts[c + ch];
     dx[i] = from_f<T>(consts[2 * c + ch] *
                       (to_f(dy[i]) - consts[3 * c + ch] - xc * consts[4 * c + ch]));
@@ -263,6 +269,12 @@ unsigned per_channel_blocks(int64_t c) { return static_cast<unsigned>((c + 255) 
 unsigned elementwise_blocks(const BnArgs& a) {
   const int64_t total = a.outer * a.c * a.inner;
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((total + 255) / 256, 1), 8192));
+}
+// 32-bit element indices (see apply_fwd): below 2^31 elements (a grid of at most 8192 x 256
+// threads) and below 2^31 per-channel constants (the index 4c + ch of the backward's c2).
+bool index32(const BnArgs& a) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  return a.outer * a.c * a.inner < kLimit && 5 * a.c < kLimit;
 }
 
 template <class D, bool kBwd>
@@ -320,8 +332,9 @@ void bn_apply_forward(const BnArgs& a, const Header& hd, const T* x, T* y, void*
                       int* err) {
   using D = typename Dev<T>::type;
   if (a.outer * a.c * a.inner <= 0) return;
-  launch("bn apply_fwd", apply_fwd<D>, dim3(elementwise_blocks(a)), dim3(256), st(a.stream),
-         geo(a), hd, reinterpret_cast<const D*>(x), reinterpret_cast<D*>(y),
+  launch("bn apply_fwd", index32(a) ? apply_fwd<D, uint32_t> : apply_fwd<D, int64_t>,
+         dim3(elementwise_blocks(a)), dim3(256), st(a.stream), geo(a), hd,
+         reinterpret_cast<const D*>(x), reinterpret_cast<D*>(y),
          static_cast<const float*>(carve(a, scratch).consts), err);
 }
 
@@ -344,8 +357,9 @@ void bn_apply_backward(const BnArgs& a, const Header& hd, const T* dy, const T* 
          st(a.stream), a.c, hd, reinterpret_cast<const D*>(gamma), mean, invstd, s64, s.consts,
          err);
   if (a.outer * a.inner > 0) {
-    launch("bn apply_bwd", apply_bwd<D>, dim3(elementwise_blocks(a)), dim3(256), st(a.stream),
-           geo(a), hd, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
+    launch("bn apply_bwd", index32(a) ? apply_bwd<D, uint32_t> : apply_bwd<D, int64_t>,
+           dim3(elementwise_blocks(a)), dim3(256), st(a.stream), geo(a), hd,
+           reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
            reinterpret_cast<D*>(dx), static_cast<const float*>(s.consts), err);
   }
   if (dgamma || dbeta) {
