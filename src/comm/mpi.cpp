@@ -7,6 +7,7 @@
 // message naming op, rank and call sequence, instead of blocking forever in MPI_Allreduce. No
 // extra thread (MPI_THREAD_FUNNELED suffices, and MPI_Abort is called from the calling thread).
 // Started sums are completed by the same loop when waited, so the watchdog covers them too.
+// Small sums are an exchange of point-to-point messages instead (see kExchangeBytes).
 #include "tpnorm/mpi.h"
 
 #include <chrono>
@@ -91,14 +92,32 @@ class MpiCommunicator final : public Communicator {
   // Same exit status as `timeout`: the job ran out of time.
   static constexpr int kWatchdogExitCode = 124;
 
-  // One started sum: its MPI requests (one per chunk of at most 2^30 elements) and what the
-  // watchdog names if it never completes.
+  // One started sum: its MPI requests (one per chunk of at most 2^30 elements, or the
+  // exchange's receives then sends) and what the watchdog names if it never completes.
   struct Pending {
     uint64_t id = 0;
     std::vector<MPI_Request> reqs;
     const char* op = nullptr;
     uint64_t sequence = 0;
+    // The exchange (see start): the sum's buffer and the other ranks' contributions.
+    bool exchange = false;
+    void* buf = nullptr;
+    int count = 0;
+    DType dtype = DType::F64;
+    std::vector<double> recv;  // (P - 1) contributions, 8-byte aligned for either type
   };
+
+  // Small sums go as an exchange instead of MPI_Iallreduce: every rank sends its buffer to
+  // every other rank when the sum starts, and adds the P contributions in rank order when it
+  // is waited (the same additions in the same order on every rank, so every rank gets the
+  // same bits). Open MPI's non-blocking all-reduce advances only inside MPI calls, so its
+  // later rounds (a reduce to a root, then a broadcast, for small sums) wait for the wait
+  // call: work done between start and wait hides one round at most. The exchange has one
+  // round, posted at start, so the wait finds the contributions there (messages up to the
+  // shared-memory eager size, 4 KiB by default, need nothing of the receiver to be
+  // delivered). Bytes per rank: (P - 1) x the buffer, hence the limit.
+  static constexpr size_t kExchangeBytes = size_t{64} << 10;
+  static constexpr int kExchangeTag = 7401;
 
   // MPI counts are int: large buffers go in chunks (the same split on every rank).
   template <class F>
@@ -114,6 +133,27 @@ class MpiCommunicator final : public Communicator {
   Pending start(uint64_t id, void* buf, size_t count, DType dtype) {
     const MPI_Datatype type = mpi_type(dtype);
     Pending p{id, {}, current_op(), sequence()};
+    const size_t bytes = count * dtype_size(dtype);
+    if (size_ > 1 && bytes * static_cast<size_t>(size_ - 1) <= kExchangeBytes) {
+      p.exchange = true;
+      p.buf = buf;
+      p.count = static_cast<int>(count);
+      p.dtype = dtype;
+      p.recv.resize((bytes * static_cast<size_t>(size_ - 1) + 7) / 8);
+      char* slots = reinterpret_cast<char*>(p.recv.data());
+      p.reqs.assign(static_cast<size_t>(2 * (size_ - 1)), MPI_REQUEST_NULL);
+      for (int q = 0, k = 0; q < size_; ++q) {  // receives first, then sends
+        if (q == rank_) continue;
+        TPNORM_CHECK(MPI, MPI_Irecv(slots + static_cast<size_t>(k) * bytes, p.count, type, q,
+                                    kExchangeTag, comm_, &p.reqs[k]));
+        ++k;
+      }
+      for (int q = 0, k = size_ - 1; q < size_; ++q) {
+        if (q == rank_) continue;
+        TPNORM_CHECK(MPI, MPI_Isend(buf, p.count, type, q, kExchangeTag, comm_, &p.reqs[k++]));
+      }
+      return p;
+    }
     for_each_chunk(buf, count, dtype, [&](void* at, int n) {
       p.reqs.push_back(MPI_REQUEST_NULL);
       TPNORM_CHECK(MPI, MPI_Iallreduce(MPI_IN_PLACE, at, n, type, MPI_SUM, comm_,
@@ -128,9 +168,12 @@ class MpiCommunicator final : public Communicator {
   // the sum, this rank and its call sequence.
   void complete(Pending& p, bool may_throw) {
     const int n = static_cast<int>(p.reqs.size());
+    std::vector<MPI_Status> status(p.exchange ? p.reqs.size() : 0);
+    MPI_Status* st = p.exchange ? status.data() : MPI_STATUSES_IGNORE;
     if (!(timeout() > 0)) {
-      const int rc = MPI_Waitall(n, p.reqs.data(), MPI_STATUSES_IGNORE);
+      const int rc = MPI_Waitall(n, p.reqs.data(), st);
       if (may_throw) TPNORM_CHECK(MPI, rc);
+      if (rc == MPI_SUCCESS && p.exchange) add_exchange(p, status, may_throw);
       return;
     }
     using clock = std::chrono::steady_clock;
@@ -138,17 +181,57 @@ class MpiCommunicator final : public Communicator {
     int done = 0;
     // Reading the clock costs ~20 ns; every 64th poll keeps it out of the latency of small calls.
     for (unsigned poll = 1;; ++poll) {
-      const int rc = MPI_Testall(n, p.reqs.data(), &done, MPI_STATUSES_IGNORE);
+      const int rc = MPI_Testall(n, p.reqs.data(), &done, st);
       if (rc != MPI_SUCCESS) {
         if (may_throw) TPNORM_CHECK(MPI, rc);
         return;
       }
-      if (done) return;
+      if (done) {
+        if (p.exchange) add_exchange(p, status, may_throw);
+        return;
+      }
       if (poll % 64 == 0 && clock::now() > deadline) {
         std::fprintf(stderr, "%s\n", watchdog_message(p.op, p.sequence).c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);  // the whole job, not only this group
       }
+    }
+  }
+
+  // The exchange's sum: contributions of ranks 0..P-1 added in that order into p.buf. A
+  // contribution of another length (ranks that disagree on a size, past the strict calls) is
+  // an error here, not a sum of what happened to arrive.
+  void add_exchange(Pending& p, const std::vector<MPI_Status>& status, bool may_throw) {
+    const MPI_Datatype type = mpi_type(p.dtype);
+    for (int k = 0; k < size_ - 1; ++k) {
+      int got = 0;
+      MPI_Get_count(&status[k], type, &got);
+      if (got != p.count) {
+        if (!may_throw) return;
+        throw Error(ErrorCode::kCommunication,
+                    "tpnorm: all_reduce_sum: rank " + std::to_string(rank_) + " expected " +
+                        std::to_string(p.count) + " values from rank " +
+                        std::to_string(status[k].MPI_SOURCE) + ", got " + std::to_string(got) +
+                        " (the ranks disagree on the size of a collective)");
+      }
+    }
+    if (p.dtype == DType::F64)
+      add_in_rank_order(static_cast<double*>(p.buf), reinterpret_cast<const double*>(p.recv.data()),
+                        p.count);
+    else
+      add_in_rank_order(static_cast<float*>(p.buf), reinterpret_cast<const float*>(p.recv.data()),
+                        p.count);
+  }
+  template <class T>
+  void add_in_rank_order(T* mine, const T* others, int n) const {
+    // others holds ranks 0..P-1 without this one, in order: slot k is rank k + (k >= rank_).
+    for (int i = 0; i < n; ++i) {
+      T acc = rank_ == 0 ? mine[i] : others[i];
+      for (int r = 1; r < size_; ++r) {
+        const T v = r == rank_ ? mine[i] : others[static_cast<size_t>(r - (r > rank_)) * n + i];
+        acc += v;
+      }
+      mine[i] = acc;
     }
   }
 
