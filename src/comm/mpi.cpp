@@ -11,6 +11,7 @@
 #include "tpnorm/mpi.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -132,7 +133,10 @@ class MpiCommunicator final : public Communicator {
 
   Pending start(uint64_t id, void* buf, size_t count, DType dtype) {
     const MPI_Datatype type = mpi_type(dtype);
-    Pending p{id, {}, current_op(), sequence()};
+    Pending p;
+    p.id = id;
+    p.op = current_op();
+    p.sequence = sequence();
     const size_t bytes = count * dtype_size(dtype);
     if (size_ > 1 && bytes * static_cast<size_t>(size_ - 1) <= kExchangeBytes) {
       p.exchange = true;
@@ -215,12 +219,17 @@ class MpiCommunicator final : public Communicator {
                         " (the ranks disagree on the size of a collective)");
       }
     }
-    if (p.dtype == DType::F64)
-      add_in_rank_order(static_cast<double*>(p.buf), reinterpret_cast<const double*>(p.recv.data()),
-                        p.count);
-    else
-      add_in_rank_order(static_cast<float*>(p.buf), reinterpret_cast<const float*>(p.recv.data()),
-                        p.count);
+    switch (p.dtype) {
+      case DType::F64:
+        return add_in_rank_order(static_cast<double*>(p.buf),
+                                 reinterpret_cast<const double*>(p.recv.data()), p.count);
+      case DType::I64:
+        return add_in_rank_order(static_cast<int64_t*>(p.buf),
+                                 reinterpret_cast<const int64_t*>(p.recv.data()), p.count);
+      default:  // F32 (mpi_type refused the rest at start)
+        return add_in_rank_order(static_cast<float*>(p.buf),
+                                 reinterpret_cast<const float*>(p.recv.data()), p.count);
+    }
   }
   template <class T>
   void add_in_rank_order(T* mine, const T* others, int n) const {

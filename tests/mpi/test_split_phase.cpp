@@ -257,8 +257,9 @@ TEST(SplitPhase, HandleDroppedOnOneRankIsTheNextCallsErrorEverywhere) {
                                            view(rs.data(), r));
     if (world_rank() != 0) c.finish();  // rank 0 drops it
   }
-  if (world_rank() == 0)
+  if (world_rank() == 0) {
     for (float v : y) EXPECT_EQ(v, -7.f) << "a dropped call wrote its output";
+  }
   const std::string msg = error_of(
       [&] {
         rms_norm_forward(*comm, view(a.x.data(), s), {}, view(y.data(), s), view(rs.data(), r));
