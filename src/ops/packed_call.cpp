@@ -1,5 +1,6 @@
 // packed_call.cpp — see packed_call.h for the buffer layout and the agreement rule.
 #include "ops/packed_call.h"
+#include "ops/caller_failure.h"
 
 #ifdef TPNORM_WITH_CUDA
 #include "kernels/cuda/call_header.h"
@@ -57,7 +58,15 @@ std::string get_text(const double* src, size_t cap) {
   return s;
 }
 
+thread_local std::string t_caller_failure;
+thread_local ErrorCode t_caller_code = ErrorCode::kInvalidArgument;
+
 }  // namespace
+
+void set_caller_failure(const std::string& message, ErrorCode code) {
+  t_caller_failure = message;
+  t_caller_code = code;
+}
 
 PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool check_agreement)
     : comm_(comm), op_(op), wire_(wire), check_(check_agreement) {
@@ -66,6 +75,10 @@ PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool chec
   agree("sequence", static_cast<double>(sequence_));
   strict_ = comm_.strict_now();
   if (strict_) check_ = true;
+  if (!t_caller_failure.empty()) {  // found by a wrapper before the call (caller_failure.h)
+    fail(t_caller_failure, t_caller_code);
+    t_caller_failure.clear();
+  }
   header_values_ = static_cast<size_t>(ch::header_values(check_));
   if (comm.device().kind == DeviceKind::CUDA) {
     dev_ = dynamic_cast<DeviceCommunicator*>(&comm);

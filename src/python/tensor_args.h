@@ -1,0 +1,49 @@
+// tensor_args.h — the tensors of one binding call, taken through DLPack without a copy.
+//
+// Each argument is any object with __dlpack__ (a torch tensor, detached) or None (absent).
+// The view points at the producer's memory; the producer keeps it alive until the TensorArgs
+// is destroyed (the DLPack deleter runs then), which is after the op returns.
+//
+// Checks (dtype, device kind, at most 8 dims, row-major contiguity) do not throw: the first
+// failure is recorded with the argument's name and handed to the op's agreement (see
+// ops/caller_failure.h), so a bad tensor on ONE rank is the same tpnorm.Error on every rank and
+// the others are not left waiting in the collective. The bad argument's view keeps its shape
+// (so every rank's collective has the same size) with a null data pointer (so nothing reads it).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <deque>
+#include <functional>
+#include <string>
+
+#include "dlpack.h"
+#include "tpnorm/tensor.h"
+
+namespace tpnorm::python {
+
+class TensorArgs {
+ public:
+  TensorArgs() = default;
+  TensorArgs(const TensorArgs&) = delete;
+  TensorArgs& operator=(const TensorArgs&) = delete;
+  ~TensorArgs();
+
+  /// The view of `obj` (None: the absent view). `name` is a string literal naming the argument.
+  TensorView add(pybind11::handle obj, const char* name);
+
+  /// Runs the op without the GIL (its CPU threads and a process group's callback need it
+  /// free), first handing any recorded failure to the op's agreement.
+  void run(const std::function<void()>& op);
+
+  const std::string& failure() const { return failure_; }
+
+ private:
+  DLManagedTensor* import(pybind11::handle obj, const char* name);
+  void fail(const char* name, const std::string& what);
+
+  std::deque<DLManagedTensor*> owned_;
+  std::string failure_;
+};
+
+}  // namespace tpnorm::python

@@ -1,0 +1,84 @@
+"""Communicators: the group of ranks a tpnorm op sums its packed statistics over.
+
+``as_communicator(group)`` accepts what a PyTorch job already has:
+
+* ``None``: the default ``torch.distributed`` group when one is initialised, else one process;
+* a ``torch.distributed`` ProcessGroup (gloo, mpi, ...): host buffers are summed by the group's
+  ``all_reduce`` on a tensor that shares the packed buffer's memory (DLPack, no copy); an NCCL
+  group instead bootstraps tpnorm's own NCCL communicator through it (see ``from_nccl_group``);
+* an ``mpi4py.MPI.Comm``: its Fortran handle goes to tpnorm's MPI communicator (MPI_Comm_f2c);
+* a ``tpnorm.Communicator`` (returned as is).
+"""
+from . import _tpnorm as _C
+
+Communicator = _C.Communicator
+
+
+def single():
+    """A communicator of one process (all_reduce_sum is the identity)."""
+    return _C.single_communicator()
+
+
+def from_mpi4py(comm):
+    """tpnorm's MPI communicator over an ``mpi4py.MPI.Comm`` (collective over ``comm``)."""
+    return _C.mpi_communicator(comm.py2f())
+
+
+def from_process_group(group=None):
+    """A host communicator over a ``torch.distributed`` group (default: the world group).
+
+    Every all_reduce_sum of an op becomes one ``torch.distributed.all_reduce`` of the group on a
+    CPU tensor viewing tpnorm's packed buffer; it blocks until the sum is done.
+    """
+    import torch.distributed as dist
+    from torch.utils.dlpack import from_dlpack
+
+    if group is None:
+        group = dist.group.WORLD
+
+    def all_reduce(capsule):
+        dist.all_reduce(from_dlpack(capsule), group=group)
+
+    return _C.callback_communicator(dist.get_rank(group), dist.get_world_size(group), all_reduce)
+
+
+def from_nccl_group(group=None, device=None, stream=None):
+    """tpnorm's NCCL communicator for CUDA tensors, bootstrapped through ``group``.
+
+    The group's rank 0 makes an ncclUniqueId, the group broadcasts it, and every rank joins an
+    NCCL communicator of its own on ``device`` (default: torch.cuda.current_device()) that runs
+    on ``stream`` (default: torch.cuda.current_stream() at this call).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not _C.has_nccl():
+        raise RuntimeError("tpnorm: this build has no NCCL backend")
+    if group is None:
+        group = dist.group.WORLD
+    device = torch.cuda.current_device() if device is None else int(device)
+    stream = torch.cuda.current_stream(device) if stream is None else stream
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    uid = _C.nccl_unique_id() if rank == 0 else bytes(128)
+    on = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    buf = torch.tensor(list(uid), dtype=torch.uint8, device=on if on == "cpu" else device)
+    global_rank = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+    src = 0 if group is dist.group.WORLD else global_rank(group, 0)
+    dist.broadcast(buf, src=src, group=group)
+    return _C.nccl_communicator(bytes(buf.cpu().tolist()), rank, size, device, stream.cuda_stream)
+
+
+def as_communicator(group=None):
+    """The tpnorm communicator for ``group`` (see the module documentation)."""
+    if isinstance(group, Communicator):
+        return group
+    if group is not None and hasattr(group, "py2f"):
+        return from_mpi4py(group)
+    import torch.distributed as dist
+
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return single()
+    pg = dist.group.WORLD if group is None else group
+    if dist.get_backend(pg) == "nccl":
+        return from_nccl_group(pg)
+    return from_process_group(pg)
