@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dlpack.h"
+#include "tensor_args.h"
 #include "tpnorm/error.h"
 #include "tpnorm/mpi.h"
 #ifdef TPNORM_WITH_NCCL
@@ -68,7 +69,7 @@ class CallbackCommunicator final : public Communicator {
       fn_(buffer_capsule(buf, count, dtype));
     } catch (py::error_already_set& e) {
       throw Error(ErrorCode::kCommunication,
-                  std::string("tpnorm: the process group's all_reduce failed: ") + e.what());
+                  std::string("tpnorm: the process group's all_reduce failed: ") + error_text(e));
     }
   }
 

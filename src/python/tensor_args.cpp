@@ -37,9 +37,11 @@ std::string shape_text(const DLTensor& t) {
 }
 
 // Row-major and dense: every dim longer than 1 has the stride of the dims after it (size-1
-// dims may carry any stride, as torch reports for them).
+// dims may carry any stride, as torch reports for them; an empty tensor has no layout).
 bool row_major(const DLTensor& t) {
   if (!t.strides) return true;
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] == 0) return true;
   int64_t want = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
     if (t.shape[i] != 1 && t.strides[i] != want) return false;
@@ -49,6 +51,11 @@ bool row_major(const DLTensor& t) {
 }
 
 }  // namespace
+
+std::string error_text(const py::error_already_set& e) {
+  return py::str(e.type().attr("__name__")).cast<std::string>() + ": " +
+         py::str(e.value()).cast<std::string>();
+}
 
 TensorArgs::~TensorArgs() {
   for (DLManagedTensor* m : owned_)
@@ -72,7 +79,7 @@ DLManagedTensor* TensorArgs::import(py::handle obj, const char* name) {
       return nullptr;
     }
   } catch (py::error_already_set& e) {
-    fail(name, std::string("could not be exported through DLPack: ") + e.what());
+    fail(name, std::string("could not be exported through DLPack: ") + error_text(e));
     return nullptr;
   }
   if (!PyCapsule_IsValid(capsule.ptr(), kCapsule)) {

@@ -22,6 +22,9 @@
 
 namespace tpnorm::python {
 
+/// "TypeName: message" of a Python exception, without the traceback pybind11 appends.
+std::string error_text(const pybind11::error_already_set& e);
+
 class TensorArgs {
  public:
   TensorArgs() = default;

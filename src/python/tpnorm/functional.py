@@ -119,10 +119,10 @@ class _FusedAddNorm(torch.autograd.Function):
         dh = None if dh is None else dh.contiguous()
         db = _empty((h.shape[-1],), h) if ctx.has_bias else None
         if ctx.centered:
-            _C.fused_add_layer_norm_backward(ctx.comm, _grad(dy, h), dh, h, _d(weight), mean,
+            _C.fused_add_layer_norm_backward(ctx.comm, _grad(dy, h), dh, _d(h), _d(weight), mean,
                                              rstd, ctx.alpha, dx, df, dw, db, ctx.opt)
         else:
-            _C.fused_add_rms_norm_backward(ctx.comm, _grad(dy, h), dh, h, _d(weight), rstd,
+            _C.fused_add_rms_norm_backward(ctx.comm, _grad(dy, h), dh, _d(h), _d(weight), rstd,
                                            ctx.alpha, dx, df, dw, ctx.opt)
         return dx, df, dw, db, None, None, None, None
 
@@ -255,11 +255,13 @@ def sync_batch_norm(x, running_mean, running_var, weight=None, bias=None, traini
     running_mean / running_var: float32 [C] buffers updated in place in training (or None).
     momentum: a float (None is the caller's cumulative average: pass 1/num_batches_tracked).
     Training with running statistics absent, or eval without them, uses batch statistics.
-    A channels-last 4-D/5-D x (torch.channels_last memory format) runs as channels-last.
+    A 4-D/5-D x in torch.channels_last(_3d) memory format (stride 1 on C) runs channels-last.
     """
     comm = as_communicator(comm)
+    # Channels-last by the strides (stride 1 on C), not by is_contiguous(): an empty batch is
+    # "contiguous" in every format, and every rank must choose the same layout.
     channels_last = False
-    if x.dim() in (4, 5) and not x.is_contiguous():
+    if x.dim() in (4, 5) and x.stride(1) == 1 and x.shape[1] > 1:
         fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
         channels_last = x.is_contiguous(memory_format=fmt)
     bn_training = training or running_mean is None

@@ -1,0 +1,97 @@
+# test_sync_batch_norm.py — tpnorm.SyncBatchNorm (and the functional form) on uneven per-rank
+# batches with one rank empty, against torch.nn.functional.batch_norm in float64 on the
+# concatenated batch: outputs, dx, dgamma/dbeta (summed over ranks), running statistics over
+# several training steps (momentum 0.1 and None), eval; NCHW and channels-last; state_dict
+# round trip with torch.nn.BatchNorm2d.
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import tpnorm
+from support import RTOL, WORLD, assert_everywhere, full, wrong
+
+
+def batch_sizes(P):
+    """Per-rank batch sizes: uneven, rank 1 empty when there are 2 or more ranks."""
+    return [3, 0, 2, 1][:P] if P <= 4 else [1] * P
+
+
+def my_rows(t, sizes, rank):
+    lo = sum(sizes[:rank])
+    return t[lo:lo + sizes[rank]].contiguous()
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sync_batch_norm_matches_torch(comm, momentum, channels_last, dtype):
+    r, P, C = WORLD.rank, WORLD.size, 4
+    sizes = batch_sizes(P)
+    N = sum(sizes)
+    m = tpnorm.SyncBatchNorm(C, momentum=momentum, process_group=comm, dtype=dtype)
+    ref = torch.nn.BatchNorm2d(C, momentum=momentum, dtype=torch.float64)
+    with torch.no_grad():
+        w, b = full(51, C, shift=1.0, dtype=dtype), full(52, C, dtype=dtype)
+        m.weight.copy_(w), m.bias.copy_(b)
+        ref.weight.copy_(w.double()), ref.bias.copy_(b.double())
+    m.running_mean, m.running_var = m.running_mean.float(), m.running_var.float()
+    rt, report, n = RTOL[dtype], [], 0
+    for step in range(4):
+        train = step < 3
+        m.train(train), ref.train(train)
+        X = full(60 + step, N, C, 3, 5, scale=1.5, shift=0.5 * step, dtype=dtype)
+        dY = full(70 + step, N, C, 3, 5, dtype=dtype)
+        x = my_rows(X, sizes, r)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        x.requires_grad_()
+        m.zero_grad()
+        y = m(x)
+        y.backward(my_rows(dY, sizes, r))
+        Xd = X.double().requires_grad_()
+        ref.zero_grad()
+        Yd = ref(Xd)
+        Yd.backward(dY.double())
+        dw = m.weight.grad.double().clone()
+        db = m.bias.grad.double().clone()
+        WORLD.Allreduce(dw.numpy().copy(), dw.numpy())
+        WORLD.Allreduce(db.numpy().copy(), db.numpy())
+        rstd_max = float(torch.rsqrt(Xd.detach().var((0, 2, 3), unbiased=False) + 1e-5).max())
+        s = f"step {step}: "
+        n += wrong(s + "y", y, my_rows(Yd.detach(), sizes, r), rt, rt, report)
+        n += wrong(s + "dx", x.grad, my_rows(Xd.grad, sizes, r), rt * max(1, rstd_max), 10 * rt,
+                   report)
+        n += wrong(s + "dgamma (sum over ranks)", dw, ref.weight.grad, rt * N * 15, rt, report)
+        n += wrong(s + "dbeta (sum over ranks)", db, ref.bias.grad, rt * N * 15, rt, report)
+        n += wrong(s + "running_mean", m.running_mean, ref.running_mean, 1e-6, 1e-5, report)
+        n += wrong(s + "running_var", m.running_var, ref.running_var, 1e-6, 1e-5, report)
+        n += int(m.num_batches_tracked) != int(ref.num_batches_tracked)
+        if channels_last:
+            n += not y.is_contiguous(memory_format=torch.channels_last)
+    assert_everywhere(n == 0, report)
+
+
+def test_state_dict_round_trips_with_batchnorm2d(comm):
+    bn = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        bn.weight.uniform_(), bn.bias.uniform_()
+        bn.running_mean.uniform_(), bn.running_var.uniform_(1, 2)
+        bn.num_batches_tracked.fill_(7)
+    net = tpnorm.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(bn), comm)
+    assert isinstance(net[0], tpnorm.SyncBatchNorm)
+    sd = net.state_dict()
+    assert set(sd) == {f"0.{k}" for k in bn.state_dict()}
+    back = torch.nn.Sequential(torch.nn.BatchNorm2d(3))
+    back.load_state_dict(sd)
+    fresh = tpnorm.SyncBatchNorm(3, process_group=comm)
+    fresh.load_state_dict(bn.state_dict())
+    ok = all(torch.equal(back[0].state_dict()[k], v) for k, v in bn.state_dict().items())
+    ok &= all(torch.equal(fresh.state_dict()[k], v) for k, v in bn.state_dict().items())
+    assert_everywhere(ok, [] if ok else ["state_dict differs"])
+
+
+def test_eval_makes_no_collective(comm):
+    m = tpnorm.SyncBatchNorm(2, process_group=comm).eval()
+    calls = comm.calls
+    m(full(80, 2, 2, 3))
+    assert comm.calls == calls
