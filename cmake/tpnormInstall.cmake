@@ -13,12 +13,20 @@ install(TARGETS tpnorm EXPORT tpnormTargets
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT tpnormTargets NAMESPACE tpnorm:: DESTINATION ${TPNORM_INSTALL_CMAKEDIR})
 
-# A static tpnorm carries its private OpenMP dependency into the consumer's link line.
+# The config's find_dependency lines for this build, written out (no if(ON) in the package):
+# a static tpnorm carries its private OpenMP dependency into the consumer's link line; the CUDA
+# backend needs the CUDA runtime, and NCCL through the FindNCCL installed beside the config.
 get_target_property(TPNORM_LIBRARY_TYPE tpnorm TYPE)
+set(TPNORM_CONFIG_DEPENDENCIES "")
 if(TPNORM_LIBRARY_TYPE STREQUAL "STATIC_LIBRARY")
-  set(TPNORM_NEEDS_OPENMP ON)
-else()
-  set(TPNORM_NEEDS_OPENMP OFF)
+  string(APPEND TPNORM_CONFIG_DEPENDENCIES "find_dependency(OpenMP COMPONENTS CXX)\n")
+endif()
+if(TPNORM_WITH_CUDA)
+  string(APPEND TPNORM_CONFIG_DEPENDENCIES "find_dependency(CUDAToolkit)\n")
+endif()
+if(TPNORM_WITH_NCCL)
+  string(APPEND TPNORM_CONFIG_DEPENDENCIES
+         "list(APPEND CMAKE_MODULE_PATH \${CMAKE_CURRENT_LIST_DIR})\nfind_dependency(NCCL)\n")
 endif()
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/tpnormConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/tpnormConfig.cmake

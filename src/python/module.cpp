@@ -5,6 +5,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/functional.h>
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 #include "communicators.h"
 #include "tensor_args.h"
 #include "tpnorm/batch_norm.h"
@@ -241,6 +245,35 @@ void bind_channel_norms(py::module_& m) {
   });
 }
 
+// For examples/python/overhead.py: the same LayerNorm call made `iters` times from C++ on the
+// same tensors, so that the Python layer's cost per call is the difference. Returns the
+// median of 5 blocks, seconds per call (forward, or forward + backward).
+void bind_benchmark(py::module_& m) {
+  m.def("bench_layer_norm_loop",
+        [](Communicator& c, Obj x, Obj gamma, Obj beta, Obj y, Obj mean, Obj rstd, Obj dy,
+           Obj dx, Obj dgamma, Obj dbeta, const NormOptions& o, int iters, bool backward) {
+          TensorArgs a;
+          auto X = a.add(x, "x"), G = a.add(gamma, "gamma"), B = a.add(beta, "beta");
+          auto Y = a.add(y, "y"), M = a.add(mean, "mean"), R = a.add(rstd, "rstd");
+          auto DY = a.add(dy, "dy"), DX = a.add(dx, "dx"), DG = a.add(dgamma, "dgamma");
+          auto DB = a.add(dbeta, "dbeta");
+          std::vector<double> blocks;
+          a.run([&] {
+            for (int b = 0; b < 5; ++b) {
+              const auto t0 = std::chrono::steady_clock::now();
+              for (int i = 0; i < iters; ++i) {
+                layer_norm_forward(c, X, G, B, Y, M, R, o);
+                if (backward) layer_norm_backward(c, DY, X, G, M, R, DX, DG, DB, o);
+              }
+              const std::chrono::duration<double> d = std::chrono::steady_clock::now() - t0;
+              blocks.push_back(d.count() / iters);
+            }
+          });
+          std::sort(blocks.begin(), blocks.end());
+          return blocks[blocks.size() / 2];
+        });
+}
+
 }  // namespace
 }  // namespace tpnorm::python
 
@@ -252,4 +285,5 @@ PYBIND11_MODULE(_tpnorm, m) {
   tpnorm::python::bind_row_norms(m);
   tpnorm::python::bind_fused(m);
   tpnorm::python::bind_channel_norms(m);
+  tpnorm::python::bind_benchmark(m);
 }
