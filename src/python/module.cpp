@@ -152,9 +152,14 @@ void bind_row_norms(py::module_& m) {
 
 void bind_fused(py::module_& m) {
   py::enum_<DeepNormStack>(m, "DeepNormStack")
-      .value("ENCODER", DeepNormStack::kEncoder)
-      .value("DECODER", DeepNormStack::kDecoder);
-  m.def("deepnorm_alpha", &deepnorm_alpha, arg("num_layers"), arg("stack"));
+      .value("ENCODER_ONLY", DeepNormStack::kEncoderOnly)
+      .value("DECODER_ONLY", DeepNormStack::kDecoderOnly)
+      .value("ENCODER_OF_ENCODER_DECODER", DeepNormStack::kEncoderOfEncoderDecoder)
+      .value("DECODER_OF_ENCODER_DECODER", DeepNormStack::kDecoderOfEncoderDecoder);
+  m.def("deepnorm_alpha", &deepnorm_alpha, arg("stack"), arg("encoder_layers"),
+        arg("decoder_layers"));
+  m.def("deepnorm_beta", &deepnorm_beta, arg("stack"), arg("encoder_layers"),
+        arg("decoder_layers"));
   m.def("fused_add_layer_norm_forward",
         [](Communicator& c, Obj x, Obj f, double alpha, Obj gamma, Obj beta, Obj h, Obj y,
            Obj mean, Obj rstd, const NormOptions& o) {

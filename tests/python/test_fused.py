@@ -15,7 +15,7 @@ from support import RTOL, WORLD, assert_everywhere, cols, full, wrong
 @pytest.mark.parametrize("rows,hidden", [(4, 9), (2, 3)])
 def test_fused_add_norm_matches_torch(comm, kind, alpha, dtype, rows, hidden):
     r, P, eps = WORLD.rank, WORLD.size, 1e-5
-    a = 1.0 if alpha == "1" else tpnorm.deepnorm_alpha(6, "encoder")
+    a = 1.0 if alpha == "1" else tpnorm.deepnorm_alpha("encoder_only", 6)
     X, Fx = full(11, rows, hidden, dtype=dtype), full(12, rows, hidden, shift=0.3, dtype=dtype)
     W, B = full(13, hidden, shift=1.0, dtype=dtype), full(14, hidden, dtype=dtype)
     dY, dH = full(15, rows, hidden, dtype=dtype), full(16, rows, hidden, dtype=dtype)

@@ -75,7 +75,7 @@ class TPBlock(torch.nn.Module):
         lo, hi = tpnorm.shard_range(H, rank, size)
         self.arch, self.group = arch, group
         self.mlp1, self.mlp2 = TPMLP(100, lo, hi, group), TPMLP(200, lo, hi, group)
-        alpha = tpnorm.deepnorm_alpha(2, "encoder") if arch == "deepnorm" else 1.0
+        alpha = tpnorm.deepnorm_alpha("encoder_only", 2) if arch == "deepnorm" else 1.0
         Fused = tpnorm.FusedAddLayerNorm if norm == "layernorm" else tpnorm.FusedAddRMSNorm
         Plain = tpnorm.ShardedLayerNorm if norm == "layernorm" else tpnorm.ShardedRMSNorm
         if arch == "pre":  # the block's first norm, and the add + norm between sublayers

@@ -8,8 +8,9 @@ rank of the call together.
 from . import _tpnorm as _C
 from .comm import (Communicator, as_communicator, from_mpi4py, from_nccl_group,
                    from_process_group, single)
-from .functional import (deepnorm_alpha, fused_add_layer_norm, fused_add_rms_norm, group_norm,
-                         instance_norm, layer_norm, rms_norm, shard_range, sync_batch_norm)
+from .functional import (deepnorm_alpha, deepnorm_beta, fused_add_layer_norm,
+                         fused_add_rms_norm, group_norm, instance_norm, layer_norm, rms_norm,
+                         shard_range, sync_batch_norm)
 from .modules import (FusedAddLayerNorm, FusedAddRMSNorm, ShardedGroupNorm,
                       ShardedInstanceNorm, ShardedLayerNorm, ShardedRMSNorm, SyncBatchNorm)
 from . import library  # torch.library registration where torch >= 2.4 (else a no-op)

@@ -130,7 +130,7 @@ class _FusedAddNorm(torch.autograd.Function):
 def fused_add_layer_norm(x, f, weight=None, bias=None, alpha=1.0, eps=1e-5, comm=None,
                          stats="robust"):
     """(h, y) with h = alpha*x + f (the new residual stream) and y = LayerNorm(h), in one pass
-    and one collective. alpha = 1: Pre-LN / Post-LN; DeepNorm: deepnorm_alpha(...)."""
+    and one collective. alpha = 1: Pre-LN / Post-LN; DeepNorm: deepnorm_alpha(stack, N, M)."""
     return _FusedAddNorm.apply(x, f, weight, bias, float(alpha), as_communicator(comm),
                                norm_options(eps, stats), True)
 
@@ -141,10 +141,23 @@ def fused_add_rms_norm(x, f, weight=None, alpha=1.0, eps=1e-5, comm=None, stats=
                                norm_options(eps, stats), False)
 
 
-def deepnorm_alpha(num_layers, stack="encoder"):
-    """DeepNorm's residual scale: encoder (2N)^(1/4), decoder (8N)^(1/4)."""
-    s = {"encoder": _C.DeepNormStack.ENCODER, "decoder": _C.DeepNormStack.DECODER}[stack]
-    return _C.deepnorm_alpha(num_layers, s)
+_STACKS = {"encoder_only": _C.DeepNormStack.ENCODER_ONLY,
+           "decoder_only": _C.DeepNormStack.DECODER_ONLY,
+           "encoder_of_encoder_decoder": _C.DeepNormStack.ENCODER_OF_ENCODER_DECODER,
+           "decoder_of_encoder_decoder": _C.DeepNormStack.DECODER_OF_ENCODER_DECODER}
+
+
+def deepnorm_alpha(stack, encoder_layers=0, decoder_layers=0):
+    """DeepNorm's residual scale for one of DeepNet's presets (``stack`` in "encoder_only",
+    "decoder_only", "encoder_of_encoder_decoder", "decoder_of_encoder_decoder"), e.g.
+    deepnorm_alpha("encoder_only", N) = (2N)^(1/4)."""
+    return _C.deepnorm_alpha(_STACKS[stack], encoder_layers, decoder_layers)
+
+
+def deepnorm_beta(stack, encoder_layers=0, decoder_layers=0):
+    """DeepNorm's initialisation gain for the same presets (scales the Xavier-initialised
+    feed-forward, value and output projections)."""
+    return _C.deepnorm_beta(_STACKS[stack], encoder_layers, decoder_layers)
 
 
 class _GroupNorm(torch.autograd.Function):

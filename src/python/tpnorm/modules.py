@@ -82,7 +82,7 @@ class FusedAddLayerNorm(_ShardedRowNorm):
     add) and y = ShardedLayerNorm(h), fused: one pass over the row, one collective.
 
     Pre-LN: x = residual, f = the sublayer output, y feeds the next sublayer (alpha 1).
-    Post-LN: y is the block output (alpha 1). DeepNorm: alpha = deepnorm_alpha(N, stack).
+    Post-LN: y is the block output (alpha 1). DeepNorm: alpha = deepnorm_alpha(stack, N, M).
     """
 
     def __init__(self, hidden_size, group=None, alpha=1.0, eps=1e-5, elementwise_affine=True,
