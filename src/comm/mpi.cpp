@@ -10,9 +10,11 @@
 // Small sums are an exchange of point-to-point messages instead (see kExchangeBytes).
 #include "tpnorm/mpi.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -52,6 +54,8 @@ class MpiCommunicator final : public Communicator {
     // Sums started and never waited: complete them (the peers started them too) before the
     // communicator goes, so that no request outlives it. Errors cannot be thrown from here.
     for (Pending& p : pending_) complete(p, /*may_throw=*/false);
+    for (Retired& r : retired_)
+      MPI_Waitall(static_cast<int>(r.reqs.size()), r.reqs.data(), MPI_STATUSES_IGNORE);
     MPI_Comm_free(&comm_);
   }
   [[noreturn]] void abort_job(const std::string& message) override {
@@ -102,6 +106,9 @@ class MpiCommunicator final : public Communicator {
     uint64_t sequence = 0;
     // The exchange (see start): the sum's buffer and the other ranks' contributions.
     bool exchange = false;
+    int pieces = 0;    // messages per peer
+    int receives = 0;  // reqs[0, receives) are receives, the rest sends
+    std::vector<double> send;  // the copy the sends read
     void* buf = nullptr;
     int count = 0;
     DType dtype = DType::F64;
@@ -119,6 +126,7 @@ class MpiCommunicator final : public Communicator {
   // delivered). Bytes per rank: (P - 1) x the buffer, hence the limit.
   static constexpr size_t kExchangeBytes = size_t{64} << 10;
   static constexpr int kExchangeTag = 7401;
+  static constexpr size_t kPieceBytes = 2048;
 
   // MPI counts are int: large buffers go in chunks (the same split on every rank).
   template <class F>
@@ -145,16 +153,37 @@ class MpiCommunicator final : public Communicator {
       p.dtype = dtype;
       p.recv.resize((bytes * static_cast<size_t>(size_ - 1) + 7) / 8);
       char* slots = reinterpret_cast<char*>(p.recv.data());
-      p.reqs.assign(static_cast<size_t>(2 * (size_ - 1)), MPI_REQUEST_NULL);
-      for (int q = 0, k = 0; q < size_; ++q) {  // receives first, then sends
+      // In pieces of at most kPieceBytes, each below the shared-memory eager size: a send
+      // then completes at once, without the receiver, so a rank's wait never waits for a
+      // slower peer to reach its own wait (only for its data, sent when it started the sum).
+      const int per_piece = static_cast<int>(kPieceBytes / dtype_size(dtype));
+      const int pieces = (p.count + per_piece - 1) / per_piece;
+      p.pieces = pieces;
+      p.reqs.assign(static_cast<size_t>(2 * (size_ - 1) * pieces), MPI_REQUEST_NULL);
+      size_t r = 0;
+      for (int q = 0, k = 0; q < size_; ++q) {  // receives first (in rank order), then sends
         if (q == rank_) continue;
-        TPNORM_CHECK(MPI, MPI_Irecv(slots + static_cast<size_t>(k) * bytes, p.count, type, q,
-                                    kExchangeTag, comm_, &p.reqs[k]));
-        ++k;
+        char* slot = slots + static_cast<size_t>(k++) * bytes;
+        for (int i = 0; i < pieces; ++i) {
+          const int n = std::min(per_piece, p.count - i * per_piece);
+          TPNORM_CHECK(MPI, MPI_Irecv(slot + static_cast<size_t>(i) * kPieceBytes, n, type, q,
+                                      kExchangeTag, comm_, &p.reqs[r++]));
+        }
       }
-      for (int q = 0, k = size_ - 1; q < size_; ++q) {
+      // Sent from a copy, so that the wait needs only the receives: a send completes when the
+      // peer has taken the data, which may be after this rank's wait (the copy lives on in
+      // retired_ until then).
+      p.send.assign(p.recv.size() / static_cast<size_t>(size_ - 1) + 1, 0.0);
+      std::memcpy(p.send.data(), buf, bytes);
+      const char* send = reinterpret_cast<const char*>(p.send.data());
+      p.receives = static_cast<int>(r);
+      for (int q = 0; q < size_; ++q) {
         if (q == rank_) continue;
-        TPNORM_CHECK(MPI, MPI_Isend(buf, p.count, type, q, kExchangeTag, comm_, &p.reqs[k++]));
+        for (int i = 0; i < pieces; ++i) {
+          const int n = std::min(per_piece, p.count - i * per_piece);
+          TPNORM_CHECK(MPI, MPI_Isend(send + static_cast<size_t>(i) * kPieceBytes,
+                                      n, type, q, kExchangeTag, comm_, &p.reqs[r++]));
+        }
       }
       return p;
     }
@@ -171,6 +200,7 @@ class MpiCommunicator final : public Communicator {
   // when it is on, then ends the job with MPI_Abort and a message naming the op that started
   // the sum, this rank and its call sequence.
   void complete(Pending& p, bool may_throw) {
+    retire_sends(p);
     const int n = static_cast<int>(p.reqs.size());
     std::vector<MPI_Status> status(p.exchange ? p.reqs.size() : 0);
     MPI_Status* st = p.exchange ? status.data() : MPI_STATUSES_IGNORE;
@@ -207,14 +237,16 @@ class MpiCommunicator final : public Communicator {
   // an error here, not a sum of what happened to arrive.
   void add_exchange(Pending& p, const std::vector<MPI_Status>& status, bool may_throw) {
     const MPI_Datatype type = mpi_type(p.dtype);
-    for (int k = 0; k < size_ - 1; ++k) {
+    const int per_piece = static_cast<int>(kPieceBytes / dtype_size(p.dtype));
+    for (int k = 0; k < (size_ - 1) * p.pieces; ++k) {
+      const int i = k % p.pieces, want = std::min(per_piece, p.count - i * per_piece);
       int got = 0;
       MPI_Get_count(&status[k], type, &got);
-      if (got != p.count) {
+      if (got != want) {
         if (!may_throw) return;
         throw Error(ErrorCode::kCommunication,
                     "tpnorm: all_reduce_sum: rank " + std::to_string(rank_) + " expected " +
-                        std::to_string(p.count) + " values from rank " +
+                        std::to_string(want) + " values from rank " +
                         std::to_string(status[k].MPI_SOURCE) + ", got " + std::to_string(got) +
                         " (the ranks disagree on the size of a collective)");
       }
@@ -248,6 +280,34 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<Pending> pending_;  // started, not yet waited, in start order
+
+  // Exchange sends still in flight after their sum was waited, with the copy they read.
+  struct Retired {
+    std::vector<MPI_Request> reqs;
+    std::vector<double> send;
+  };
+  std::vector<Retired> retired_;
+  // Moves an exchange's sends out of p (its wait then needs its receives only), and drops
+  // the retired sends that have completed since.
+  void retire_sends(Pending& p) {
+    for (size_t i = 0; i < retired_.size();) {
+      int done = 0;
+      MPI_Testall(static_cast<int>(retired_[i].reqs.size()), retired_[i].reqs.data(), &done,
+                  MPI_STATUSES_IGNORE);
+      if (done) {
+        retired_[i] = std::move(retired_.back());
+        retired_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    if (!p.exchange || p.send.empty()) return;
+    Retired r;
+    r.reqs.assign(p.reqs.begin() + p.receives, p.reqs.end());
+    r.send = std::move(p.send);
+    p.reqs.resize(static_cast<size_t>(p.receives));
+    retired_.push_back(std::move(r));
+  }
 };
 
 }  // namespace
