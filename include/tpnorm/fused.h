@@ -25,8 +25,9 @@
 // agreement, 2 without). Ranks must agree on rows, dtype, eps, alpha, stats mode, the presence
 // of gamma / beta / dh_extra.
 //
-// dtypes: x, f, h, y, dy, dh_extra, dx, df, gamma, beta, dgamma, dbeta share one storage dtype
-// (fp32, fp16, bf16); mean / rstd float32 or float64 [rows]. h may alias x or f (an in-place
+// dtypes: x, f, h, y, dy, dh_extra, dx, df share one storage dtype (fp32, fp16, bf16); gamma,
+// beta, dgamma, dbeta have it too, or float32 (mixed precision, as in tpnorm/norm.h); mean /
+// rstd float32 or float64 [rows]. h may alias x or f (an in-place
 // residual update). Errors: tpnorm::Error on every rank together; h is written before the
 // collective, so a call that fails on ANOTHER rank leaves h = alpha*x + f written (y, mean and
 // rstd untouched); a call that fails locally writes nothing.

@@ -40,6 +40,7 @@ class RowForwardOp final : public SpecOf<RowForwardCall> {
     call.agree("eps", args_.opt.eps);
     call.agree("gamma", a.gamma.present() ? 1 : 0);
     call.agree("beta", a.beta.present() ? 1 : 0);
+    call.agree("param dtype", static_cast<double>(a.param));
   }
   PayloadSize payload() const override {
     return {args_.a.stat_values(args_.opt.stats), static_cast<double>(args_.a.g.h)};
@@ -63,6 +64,7 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
     const RowBackward& a = args_.a;
     agree_rows(call, a.x, a.g.rows, a.centered, args_.opt);
     call.agree("gamma", a.gamma.present() ? 1 : 0);
+    call.agree("param dtype", static_cast<double>(a.param));
   }
   PayloadSize payload() const override {
     PayloadSize p{args_.a.stat_values(args_.opt.stats), static_cast<double>(args_.a.g.h)};

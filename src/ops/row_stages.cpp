@@ -1,6 +1,7 @@
 // row_stages.cpp — see row_stages.h. The dtype dispatch of the CPU row kernels lives here once.
 #include "ops/row_stages.h"
 
+#include <type_traits>
 #include <vector>
 
 #include "common/dispatch.h"
@@ -27,7 +28,38 @@ std::vector<double> exact_final_stats(kc::RowNormArgs& k, bool forward, const vo
   return out;
 }
 
+// fn(P{}) with P the parameter type: T, or float for float32 parameters of fp16/bf16 x.
+template <class T, class Fn>
+void dispatch_params(DType param, Fn&& fn) {
+  if constexpr (std::is_same_v<T, float>) {
+    fn(float{});
+  } else {
+    if (param == DType::F32)
+      fn(float{});
+    else
+      fn(T{});
+  }
+}
+
+// The parameters' dtype is x's, or float32 next to fp16/bf16 x on the CPU kernels.
+void validate_params(Validator& v, const std::string& name, DType param, const TensorView& x) {
+  if (param == x.dtype) return;
+  if (param != DType::F32) {
+    v.fail(name.c_str(), std::string("has dtype ") + dtype_name(param) + ", expected x's (" +
+                             dtype_name(x.dtype) + ") or fp32");
+  } else if (x.device.kind != DeviceKind::CPU) {
+    v.fail(name.c_str(), "is fp32 next to " + std::string(dtype_name(x.dtype)) +
+                             " x: mixed precision runs on the CPU kernels only so far");
+  }
+}
+
 }  // namespace
+
+DType param_dtype(const TensorView& x, std::initializer_list<const TensorView*> views) {
+  for (const TensorView* v : views)
+    if (v->present()) return v->dtype;
+  return x.dtype;
+}
 
 int64_t row_stat_width(bool centered, Stats stats, bool forward) {
   if (stats == Stats::kExact) return kc::exact_row_limbs(centered, forward);
@@ -49,8 +81,9 @@ void validate_row_forward(Validator& v, const std::string& p, const RowForward& 
   v.usable(x.c_str(), a.x);
   v.storage(x.c_str(), a.x);
   v.like(y.c_str(), a.y, a.x);
-  v.optional(gamma.c_str(), a.gamma, a.g.h, a.x.dtype);
-  if (a.centered) v.optional(beta.c_str(), a.beta, a.g.h, a.x.dtype);
+  validate_params(v, a.gamma.present() || !a.centered ? gamma : beta, a.param, a.x);
+  v.optional(gamma.c_str(), a.gamma, a.g.h, a.param);
+  if (a.centered) v.optional(beta.c_str(), a.beta, a.g.h, a.param);
   v.optional_stats(rstd.c_str(), a.rstd, a.g.rows, a.rstd.dtype);
   if (a.centered) v.optional_stats(mean.c_str(), a.mean, a.g.rows, saved_dtype(a.mean, a.rstd));
 }
@@ -63,11 +96,13 @@ void validate_row_backward(Validator& v, const std::string& p, const RowBackward
   v.storage(x.c_str(), a.x);
   v.like(dy.c_str(), a.dy, a.x);
   v.like(dx.c_str(), a.dx, a.x);
-  v.optional(gamma.c_str(), a.gamma, a.g.h, a.x.dtype);
+  validate_params(v, a.gamma.present() ? gamma : a.dgamma.present() ? dgamma : dbeta, a.param,
+                  a.x);
+  v.optional(gamma.c_str(), a.gamma, a.g.h, a.param);
   v.stats(rstd.c_str(), a.rstd, a.g.rows);
   if (a.centered) v.stats_like(mean.c_str(), a.mean, a.g.rows, a.rstd);
-  v.optional(dgamma.c_str(), a.dgamma, a.g.h, a.x.dtype);
-  if (a.centered) v.optional(dbeta.c_str(), a.dbeta, a.g.h, a.x.dtype);
+  v.optional(dgamma.c_str(), a.dgamma, a.g.h, a.param);
+  if (a.centered) v.optional(dbeta.c_str(), a.dbeta, a.g.h, a.param);
 }
 
 void row_forward_partial(const RowForward& a, DType wire, void* stats, RowRun run) {
@@ -100,11 +135,14 @@ void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, d
     using T = decltype(t);
     using W = decltype(w);
     using S = decltype(s);
-    kc::row_apply_forward<T, W, S>(
-        k, static_cast<const T*>(a.x.data), static_cast<const T*>(a.gamma.data),
-        a.centered ? static_cast<const T*>(a.beta.data) : nullptr, static_cast<W*>(stats), n, eps,
-        static_cast<T*>(a.y.data), a.centered ? static_cast<S*>(a.mean.data) : nullptr,
-        static_cast<S*>(a.rstd.data));
+    dispatch_params<T>(a.param, [&](auto p) {
+      using P = decltype(p);
+      kc::row_apply_forward<T, P, W, S>(
+          k, static_cast<const T*>(a.x.data), static_cast<const P*>(a.gamma.data),
+          a.centered ? static_cast<const P*>(a.beta.data) : nullptr, static_cast<W*>(stats), n,
+          eps, static_cast<T*>(a.y.data), a.centered ? static_cast<S*>(a.mean.data) : nullptr,
+          static_cast<S*>(a.rstd.data));
+    });
   });
 }
 
@@ -115,22 +153,28 @@ void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun 
       dispatch_acc(a.rstd.dtype, [&](auto s) {
         using T = decltype(t);
         using S = decltype(s);
-        kc::row_exact_partial_backward<T, S>(
-            k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
-            static_cast<const T*>(a.gamma.data),
-            a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
-            static_cast<const S*>(a.rstd.data), static_cast<int64_t*>(stats));
+        dispatch_params<T>(a.param, [&](auto p) {
+          using P = decltype(p);
+          kc::row_exact_partial_backward<T, P, S>(
+              k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
+              static_cast<const P*>(a.gamma.data),
+              a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
+              static_cast<const S*>(a.rstd.data), static_cast<int64_t*>(stats));
+        });
       });
     });
   dispatch_kernel_types(a.x.dtype, wire, a.rstd.dtype, [&](auto t, auto w, auto s) {
     using T = decltype(t);
     using W = decltype(w);
     using S = decltype(s);
-    kc::row_partial_backward<T, W, S>(k, static_cast<const T*>(a.dy.data),
-                                      static_cast<const T*>(a.x.data),
-                                      static_cast<const T*>(a.gamma.data),
-                                      a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
-                                      static_cast<const S*>(a.rstd.data), static_cast<W*>(stats));
+    dispatch_params<T>(a.param, [&](auto p) {
+      using P = decltype(p);
+      kc::row_partial_backward<T, P, W, S>(
+          k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
+          static_cast<const P*>(a.gamma.data),
+          a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
+          static_cast<const S*>(a.rstd.data), static_cast<W*>(stats));
+    });
   });
 }
 
@@ -146,12 +190,16 @@ void row_backward_apply(const RowBackward& a, DType wire, void* stats, double n,
     using T = decltype(t);
     using W = decltype(w);
     using S = decltype(s);
-    kc::row_apply_backward<T, W, S>(
-        k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
-        static_cast<const T*>(a.gamma.data),
-        a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
-        static_cast<const S*>(a.rstd.data), static_cast<W*>(stats), n, static_cast<T*>(a.dx.data),
-        static_cast<T*>(a.dgamma.data), a.centered ? static_cast<T*>(a.dbeta.data) : nullptr);
+    dispatch_params<T>(a.param, [&](auto p) {
+      using P = decltype(p);
+      kc::row_apply_backward<T, P, W, S>(
+          k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
+          static_cast<const P*>(a.gamma.data),
+          a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
+          static_cast<const S*>(a.rstd.data), static_cast<W*>(stats), n,
+          static_cast<T*>(a.dx.data), static_cast<P*>(a.dgamma.data),
+          a.centered ? static_cast<P*>(a.dbeta.data) : nullptr);
+    });
   });
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "ops/op_spec.h"
@@ -20,6 +21,11 @@ struct RowGeometry {
 };
 /// {0, 0} for a shape the validator rejects (see shape_fits).
 RowGeometry row_geometry(const TensorView& x);
+
+/// The dtype of a row norm's gamma / beta and their gradients: the first present of `views`,
+/// else x's. Valid: x's storage dtype, or float32 with fp16/bf16 x (mixed precision, CPU
+/// kernels only; see validate_row_forward).
+DType param_dtype(const TensorView& x, std::initializer_list<const TensorView*> views);
 
 /// Payload values per row: {sum x, sum x^2} / {sum g, sum g*xhat} centred, one value for RMS;
 /// in Stats::kExact int64 limbs (kernels/cpu/exact_rows.h), which differ forward and backward.
@@ -37,10 +43,12 @@ struct RowForward {
         y(y),
         mean(mean),
         rstd(rstd),
-        g(row_geometry(x)) {}
+        g(row_geometry(x)),
+        param(param_dtype(x, {&gamma, &beta})) {}
   bool centered;
   TensorView x, gamma, beta, y, mean, rstd;
   RowGeometry g;
+  DType param;  ///< gamma's and beta's dtype (param_dtype)
   /// Payload values of this tensor's statistics (rows * row_stat_width).
   size_t stat_values(Stats s) const {
     return static_cast<size_t>(g.rows * row_stat_width(centered, s, true));
@@ -61,10 +69,12 @@ struct RowBackward {
         dx(dx),
         dgamma(dgamma),
         dbeta(dbeta),
-        g(row_geometry(x)) {}
+        g(row_geometry(x)),
+        param(param_dtype(x, {&gamma, &dgamma, &dbeta})) {}
   bool centered;
   TensorView dy, x, gamma, mean, rstd, dx, dgamma, dbeta;
   RowGeometry g;
+  DType param;  ///< gamma's, dgamma's and dbeta's dtype (param_dtype)
   size_t stat_values(Stats s) const {
     return static_cast<size_t>(g.rows * row_stat_width(centered, s, false));
   }

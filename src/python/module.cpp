@@ -75,7 +75,10 @@ void bind_communicators(py::module_& m) {
 }
 
 void bind_options(py::module_& m) {
-  py::enum_<Stats>(m, "Stats").value("ROBUST", Stats::kRobust).value("NAIVE", Stats::kNaive);
+  py::enum_<Stats>(m, "Stats")
+      .value("ROBUST", Stats::kRobust)
+      .value("NAIVE", Stats::kNaive)
+      .value("EXACT", Stats::kExact);
   py::enum_<Layout>(m, "Layout")
       .value("NCHW", Layout::kNCHW)
       .value("CHANNELS_LAST", Layout::kChannelsLast);

@@ -50,8 +50,8 @@ RowSums forward_row_sums(const T* xr, int64_t h) {
 
 // A row's backward sums: sum g (centred) and sum g*xhat, with the terms formed as the apply
 // kernels form them: xhat = ((x - mh) - mt) * rs, g = dy * gamma.
-template <class T>
-RowSums backward_row_sums(bool centered, const T* dyr, const T* xr, const T* gamma, float mh,
+template <class T, class P>
+RowSums backward_row_sums(bool centered, const T* dyr, const T* xr, const P* gamma, float mh,
                           float mt, float rs, int64_t h) {
   RowSums s;
   alignas(64) float g[kPiece], gx[kPiece];
@@ -115,8 +115,8 @@ void row_exact_partial_forward(const RowNormArgs& a, const T* x, int64_t* limbs)
   }
 }
 
-template <class T, class S>
-void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+template <class T, class P, class S>
+void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
                                 const S* mean, const S* rstd, int64_t* limbs) {
   const int k = exact_row_limbs(a.centered, false);
 #pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
@@ -138,8 +138,8 @@ void exact_row_final_forward(bool centered, const T* xr, int64_t h, double* st) 
   finish_row(centered, true, s.bad, s.s1, s.s2, s.t1, static_cast<uint64_t>(h), st);
 }
 
-template <class T>
-void exact_row_final_backward(bool centered, const T* dyr, const T* xr, const T* gamma, float mh,
+template <class T, class P>
+void exact_row_final_backward(bool centered, const T* dyr, const T* xr, const P* gamma, float mh,
                               float mt, float rs, int64_t h, double* st) {
   const RowSums s = backward_row_sums(centered, dyr, xr, gamma, mh, mt, rs, h);
   finish_row(centered, false, s.bad, s.s1, s.s2, s.t1, static_cast<uint64_t>(h), st);
@@ -166,15 +166,20 @@ void exact_row_finish(const RowNormArgs& a, bool forward, const int64_t* limbs, 
   }
 }
 
-#define TPNORM_EXACT_ROW_S(T, S)                                                           \
-  template void row_exact_partial_backward<T, S>(const RowNormArgs&, const T*, const T*, \
-                                                 const T*, const S*, const S*, int64_t*);
-#define TPNORM_EXACT_ROW(T)                                                                   \
-  template void row_exact_partial_forward<T>(const RowNormArgs&, const T*, int64_t*);       \
-  template void exact_row_final_forward<T>(bool, const T*, int64_t, double*);               \
-  template void exact_row_final_backward<T>(bool, const T*, const T*, const T*, float, float, \
-                                            float, int64_t, double*);                       \
-  TPNORM_EXACT_ROW_S(T, float) TPNORM_EXACT_ROW_S(T, double)
+// gamma in the storage type, and float32 gamma next to fp16/bf16 x (mixed precision).
+#define TPNORM_EXACT_ROW_PS(T, P, S)                                                        \
+  template void row_exact_partial_backward<T, P, S>(const RowNormArgs&, const T*, const T*, \
+                                                    const P*, const S*, const S*, int64_t*);
+#define TPNORM_EXACT_ROW_P(T, P)                                                             \
+  template void exact_row_final_backward<T, P>(bool, const T*, const T*, const P*, float,    \
+                                               float, float, int64_t, double*);              \
+  TPNORM_EXACT_ROW_PS(T, P, float) TPNORM_EXACT_ROW_PS(T, P, double)
+#define TPNORM_EXACT_ROW(T)                                                             \
+  template void row_exact_partial_forward<T>(const RowNormArgs&, const T*, int64_t*); \
+  template void exact_row_final_forward<T>(bool, const T*, int64_t, double*);         \
+  TPNORM_EXACT_ROW_P(T, T)
 TPNORM_FOR_EACH_STORAGE(TPNORM_EXACT_ROW)
+TPNORM_EXACT_ROW_P(f16, float)
+TPNORM_EXACT_ROW_P(bf16, float)
 
 }  // namespace tpnorm::kernels::cpu

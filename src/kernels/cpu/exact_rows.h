@@ -26,8 +26,8 @@ int exact_row_limbs(bool centered, bool forward);
 template <class T>
 void row_exact_partial_forward(const RowNormArgs& a, const T* x, int64_t* limbs);
 
-template <class T, class S>
-void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+template <class T, class P, class S>
+void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
                                 const S* mean, const S* rstd, int64_t* limbs);
 
 /// One row's final statistics (as exact_row_finish writes them) from the row itself, where one
@@ -35,8 +35,8 @@ void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, c
 /// memory. The integers are those the limbs would carry, so the bits are the same.
 template <class T>
 void exact_row_final_forward(bool centered, const T* xr, int64_t h, double* st);
-template <class T>
-void exact_row_final_backward(bool centered, const T* dyr, const T* xr, const T* gamma, float mh,
+template <class T, class P>
+void exact_row_final_backward(bool centered, const T* dyr, const T* xr, const P* gamma, float mh,
                               float mt, float rs, int64_t h, double* st);
 
 /// stats[rows * (centered ? 2 : 1)] from the summed limbs, each value rounded once to double:

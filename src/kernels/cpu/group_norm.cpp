@@ -98,8 +98,8 @@ void group_partial_backward(const GroupNormArgs& a, const T* dy, const T* x, con
   per_plane(a, rstd, pr);
   // Per plane {sum dy, sum dy*xhat} (gamma left out: it is constant over the plane).
   std::vector<W> rows(static_cast<size_t>(planes * 2));
-  row_partial_backward<T, W, S>({planes, a.spatial, true, a.threads}, dy, x, nullptr, pm.data(),
-                                pr.data(), rows.data());
+  row_partial_backward<T, T, W, S>({planes, a.spatial, true, a.threads}, dy, x, nullptr,
+                                   pm.data(), pr.data(), rows.data());
   std::fill(dparams, dparams + 2 * a.c_local, 0.0);
   for (int64_t r = 0; r < planes; ++r) {
     const int64_t c = r % a.c_local;

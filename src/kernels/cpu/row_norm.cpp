@@ -99,8 +99,8 @@ inline void fused_forward_stats(const RowNormArgs& a, const T* xr, W* st) {
     if (a.final_stats) return exact_row_final_forward(a.centered, xr, a.h, st);
   forward_sums(a, xr, st);
 }
-template <class T, class W>
-inline void fused_exact_backward(const RowNormArgs& a, const T* dyr, const T* xr, const T* gamma,
+template <class T, class P, class W>
+inline void fused_exact_backward(const RowNormArgs& a, const T* dyr, const T* xr, const P* gamma,
                                  float mh, float mt, float rs, W* st) {
   if constexpr (std::is_same_v<W, double>)
     exact_row_final_backward(a.centered, dyr, xr, gamma, mh, mt, rs, a.h, st);
@@ -113,8 +113,8 @@ inline V xhat_at(const T* xr, int64_t j, float mh, float mt, float rs) {
 }
 
 // One row's backward partial: centred {sum g, sum g*xhat} or RMS {sum g*xhat} into st.
-template <class T, class W>
-inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const T* gamma,
+template <class T, class P, class W>
+inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const P* gamma,
                           float mh, float mt, float rs, W* st, const T* pf_dy = nullptr,
                           const T* pf_x = nullptr) {
   W sg, sgx;
@@ -142,8 +142,8 @@ void row_partial_forward(const RowNormArgs& a, const T* x, W* stats) {
   for (int64_t r = 0; r < a.rows; ++r) forward_sums(a, x + r * a.h, stats + r * k);
 }
 
-template <class T, class W, class S>
-void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T* beta,
+template <class T, class P, class W, class S>
+void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P* beta,
                        W* stats, double n, double eps, T* y, S* mean, S* rstd) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
@@ -187,8 +187,8 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T
   }
 }
 
-template <class T, class W, class S>
-void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+template <class T, class P, class W, class S>
+void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
                           const S* mean, const S* rstd, W* stats) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
@@ -201,10 +201,10 @@ void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T
   }
 }
 
-template <class T, class W, class S>
-void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+template <class T, class P, class W, class S>
+void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
                         const S* mean, const S* rstd, W* stats, double n, T* dx,
-                        T* dgamma, T* dbeta) {
+                        P* dgamma, P* dbeta) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
   const int nt = thread_count(a.threads, a.rows);
@@ -285,21 +285,27 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* 
       g += acc[static_cast<size_t>(t) * 2 * h + j];
       b += acc[static_cast<size_t>(t) * 2 * h + h + j];
     }
-    if (dgamma) dgamma[j] = from_float<T>(static_cast<float>(g));
-    if (dbeta) dbeta[j] = from_float<T>(static_cast<float>(b));
+    if (dgamma) dgamma[j] = from_float<P>(static_cast<float>(g));
+    if (dbeta) dbeta[j] = from_float<P>(static_cast<float>(b));
   }
 }
 
 #define TPNORM_ROW_W(T, W) \
   template void row_partial_forward<T, W>(const RowNormArgs&, const T*, W*);
-#define TPNORM_ROW_WS(T, W, S)                                                                  \
-  template void row_apply_forward<T, W, S>(const RowNormArgs&, const T*, const T*, const T*,    \
-                                           W*, double, double, T*, S*, S*);                     \
-  template void row_partial_backward<T, W, S>(const RowNormArgs&, const T*, const T*, const T*, \
-                                              const S*, const S*, W*);                          \
-  template void row_apply_backward<T, W, S>(const RowNormArgs&, const T*, const T*, const T*,   \
-                                            const S*, const S*, W*, double, T*, T*, T*);
+#define TPNORM_ROW_PWS(T, P, W, S)                                                           \
+  template void row_apply_forward<T, P, W, S>(const RowNormArgs&, const T*, const P*, const P*, \
+                                              W*, double, double, T*, S*, S*);                  \
+  template void row_partial_backward<T, P, W, S>(const RowNormArgs&, const T*, const T*,        \
+                                                 const P*, const S*, const S*, W*);             \
+  template void row_apply_backward<T, P, W, S>(const RowNormArgs&, const T*, const T*,          \
+                                               const P*, const S*, const S*, W*, double, T*,    \
+                                               P*, P*);
+// Parameters in the storage type, and float32 parameters with fp16/bf16 activations.
+#define TPNORM_ROW_WS(T, W, S) TPNORM_ROW_PWS(T, T, W, S)
+#define TPNORM_ROW_WS_F32(T, W, S) TPNORM_ROW_PWS(T, float, W, S)
 #define TPNORM_ROW(T) TPNORM_FOR_EACH_W(TPNORM_ROW_W, T) TPNORM_FOR_EACH_WS(TPNORM_ROW_WS, T)
 TPNORM_FOR_EACH_STORAGE(TPNORM_ROW)
+TPNORM_FOR_EACH_WS(TPNORM_ROW_WS_F32, f16)
+TPNORM_FOR_EACH_WS(TPNORM_ROW_WS_F32, bf16)
 
 }  // namespace tpnorm::kernels::cpu

@@ -8,6 +8,9 @@
 // centred = {sum g, sum g*xhat}, RMS = {sum g*xhat}; g = dy*gamma. W (the wire type) is double
 // in the robust mode (forward sums accumulated around a per-row pivot, so 1e4 + N(0,1) loses
 // nothing) and float in the naive mode.
+//
+// P, the type of gamma / beta / dgamma / dbeta, is T or float: fp16/bf16 activations with
+// float32 parameters and parameter gradients (mixed precision, as apex's MixedFusedLayerNorm).
 #pragma once
 
 #include <cstdint>
@@ -33,19 +36,19 @@ void row_partial_forward(const RowNormArgs& a, const T* x, W* stats);
 
 /// mean/rstd may be null (not saved). n: global count per row; stats: summed over ranks
 /// ([out] instead with a.fused).
-template <class T, class W, class S>
-void row_apply_forward(const RowNormArgs& a, const T* x, const T* gamma, const T* beta,
+template <class T, class P, class W, class S>
+void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P* beta,
                        W* stats, double n, double eps, T* y, S* mean, S* rstd);
 
-template <class T, class W, class S>
-void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+template <class T, class P, class W, class S>
+void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
                           const S* mean, const S* rstd, W* stats);
 
 /// dgamma / dbeta may be null; they are overwritten with sums over this rank's rows.
 /// stats: summed over ranks ([out] instead with a.fused).
-template <class T, class W, class S>
-void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const T* gamma,
+template <class T, class P, class W, class S>
+void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
                         const S* mean, const S* rstd, W* stats, double n, T* dx,
-                        T* dgamma, T* dbeta);
+                        P* dgamma, P* dbeta);
 
 }  // namespace tpnorm::kernels::cpu

@@ -13,7 +13,7 @@ import torch
 from . import _tpnorm as _C
 from .comm import as_communicator
 
-_STATS = {"robust": _C.Stats.ROBUST, "naive": _C.Stats.NAIVE}
+_STATS = {"robust": _C.Stats.ROBUST, "naive": _C.Stats.NAIVE, "exact": _C.Stats.EXACT}
 _opts_cache = {}
 
 
@@ -63,6 +63,7 @@ class _RowNorm(torch.autograd.Function):
             _C.rms_norm_forward(comm, _d(x), _d(weight), y, rstd, opt)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.comm, ctx.opt, ctx.centered, ctx.has_bias = comm, opt, centered, bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
     @staticmethod
@@ -70,7 +71,7 @@ class _RowNorm(torch.autograd.Function):
         x, weight, mean, rstd = ctx.saved_tensors
         dx = _empty(x.shape, x)
         dw = None if weight is None else _empty(weight.shape, weight)
-        db = _empty((x.shape[-1],), x) if ctx.has_bias else None
+        db = _empty((x.shape[-1],), x, ctx.bias_dtype) if ctx.has_bias else None
         if ctx.centered:
             _C.layer_norm_backward(ctx.comm, _grad(dy, x), _d(x), _d(weight), mean, rstd, dx,
                                    dw, db, ctx.opt)
@@ -109,6 +110,7 @@ class _FusedAddNorm(torch.autograd.Function):
         ctx.save_for_backward(h, weight, mean, rstd)
         ctx.alpha, ctx.comm, ctx.opt, ctx.centered = alpha, comm, opt, centered
         ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
         return h, y
 
     @staticmethod
@@ -117,7 +119,7 @@ class _FusedAddNorm(torch.autograd.Function):
         dx, df = _empty(h.shape, h), _empty(h.shape, h)
         dw = None if weight is None else _empty(weight.shape, weight)
         dh = None if dh is None else dh.contiguous()
-        db = _empty((h.shape[-1],), h) if ctx.has_bias else None
+        db = _empty((h.shape[-1],), h, ctx.bias_dtype) if ctx.has_bias else None
         if ctx.centered:
             _C.fused_add_layer_norm_backward(ctx.comm, _grad(dy, h), dh, _d(h), _d(weight), mean,
                                              rstd, ctx.alpha, dx, df, dw, db, ctx.opt)
