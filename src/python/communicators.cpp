@@ -33,7 +33,8 @@ py::capsule buffer_capsule(void* buf, size_t count, DType dtype) {
   t.data = buf;
   t.device = {kDLCPU, 0};
   t.ndim = 1;
-  t.dtype = {kDLFloat, static_cast<uint8_t>(dtype == DType::F64 ? 64 : 32), 1};
+  const uint8_t bits = dtype == DType::F32 ? 32 : 64;
+  t.dtype = {dtype == DType::I64 ? uint8_t{kDLInt} : uint8_t{kDLFloat}, bits, 1};
   t.shape = b->shape;
   b->managed.manager_ctx = b;
   b->managed.deleter = delete_buffer_tensor;
@@ -60,10 +61,10 @@ class CallbackCommunicator final : public Communicator {
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
-    if (dtype != DType::F32 && dtype != DType::F64)
+    if (dtype != DType::F32 && dtype != DType::F64 && dtype != DType::I64)
       throw Error(ErrorCode::kInvalidArgument,
-                  std::string("tpnorm: process-group all_reduce_sum takes fp32 or fp64, not ") +
-                      dtype_name(dtype));
+                  std::string("tpnorm: process-group all_reduce_sum takes fp32, fp64 or int64 ") +
+                      "(Stats::kExact), not " + dtype_name(dtype));
     py::gil_scoped_acquire gil;
     try {
       fn_(buffer_capsule(buf, count, dtype));

@@ -15,7 +15,7 @@ namespace tpnorm::python {
 std::shared_ptr<Communicator> mpi_communicator(int64_t fortran_handle);
 
 /// A host communicator whose all_reduce_sum calls `all_reduce(capsule)` in Python: the capsule
-/// is a DLPack view of the packed buffer itself (1-D, float32 or float64, CPU), so the
+/// is a DLPack view of the packed buffer itself (1-D, float32, float64 or int64, CPU), so the
 /// function's torch.utils.dlpack.from_dlpack(capsule) tensor shares its memory and the
 /// process group sums it in place with no copy. The op runs without the GIL; the callback
 /// takes it for the duration of the Python call only. An exception in the callback becomes
