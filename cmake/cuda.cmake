@@ -1,8 +1,9 @@
 # cuda.cmake — the optional CUDA backend of the tpnorm target.
 #
 # On when TPNORM_CUDA is ON (default) and a CUDA compiler is found (check_language); then
-# src/kernels/cuda/*.cu, src/comm/cuda/*.cpp, src/ops/cuda/*.cpp and src/capi/cuda/*.cpp (the C
-# API's device communicators, tpnorm/c_api_cuda.h) join the library, which
+# src/kernels/cuda/*.cu and *.cpp (traffic.cpp: tpnorm/cuda_traffic.h), src/comm/cuda/*.cpp,
+# src/ops/cuda/*.cpp and src/capi/cuda/*.cpp (the C API's device communicators,
+# tpnorm/c_api_cuda.h) join the library, which
 # links CUDA::cudart and, when found, NCCL::NCCL (NCCL_ROOT, else next to the toolkit).
 # Architectures default to Hopper: "90" is sm_90 machine code plus compute_90 PTX, which the
 # driver JIT-compiles for newer GPUs. One architecture keeps CI's compile time to minutes.
@@ -29,7 +30,8 @@ list(APPEND CMAKE_MODULE_PATH ${PROJECT_SOURCE_DIR}/cmake)
 find_package(NCCL)
 
 file(GLOB TPNORM_CUDA_SOURCES CONFIGURE_DEPENDS
-  src/kernels/cuda/*.cu src/comm/cuda/*.cpp src/ops/cuda/*.cpp src/capi/cuda/*.cpp)
+  src/kernels/cuda/*.cu src/kernels/cuda/*.cpp src/comm/cuda/*.cpp src/ops/cuda/*.cpp
+  src/capi/cuda/*.cpp)
 target_sources(tpnorm PRIVATE ${TPNORM_CUDA_SOURCES})
 # The target was made before CUDA was enabled: give it the CUDA settings explicitly.
 set_target_properties(tpnorm PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"

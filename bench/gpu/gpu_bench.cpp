@@ -7,7 +7,7 @@
 //   GB/s      min_MB / ms; copyGB/s: a device-to-device copy of the same bytes (read half,
 //             write half) in the same run; ofcopy: the ratio (the target)
 //   kern_MB   the bytes the call's kernels really move, from the library's own accounting
-//             (kernels/cuda/traffic.h); kern/min: kern_MB / min_MB
+//             (tpnorm/cuda_traffic.h); kern/min: kern_MB / min_MB
 //   local_ms  the same call on a single-GPU communicator (its collective is the identity: the
 //             local kernels and the header write)
 //   ar_ms     a bare all_reduce_sum of the call's header + payload (float64) on the bench's
@@ -30,13 +30,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/traffic.h"
 #include "tpnorm/batch_norm.h"
 #include "tpnorm/cuda.h"
+#include "tpnorm/cuda_traffic.h"
 #include "tpnorm/norm.h"
 
 using namespace tpnorm;
-namespace kcu = tpnorm::kernels::cuda;
 
 namespace {
 
@@ -77,7 +76,7 @@ struct Case {
   std::string op, pass, shape;
   double min_bytes;
   size_t payload_values;
-  kcu::Traffic traffic;
+  Traffic traffic;
   std::function<void(Communicator&)> run;
 };
 
@@ -106,7 +105,7 @@ void print_json(FILE* f, const std::vector<Result>& rs, const char* device, cons
                  r.ms / (r.local_ms + r.ar_ms), static_cast<long long>(c.traffic.read()),
                  static_cast<long long>(c.traffic.written()));
     for (size_t k = 0; k < c.traffic.kernels.size(); ++k) {
-      const kcu::KernelBytes& kb = c.traffic.kernels[k];
+      const KernelBytes& kb = c.traffic.kernels[k];
       std::fprintf(f, "%s{\"kernel\": \"%s\", \"read\": %lld, \"written\": %lld}", k ? ", " : "",
                    kb.kernel, static_cast<long long>(kb.read),
                    static_cast<long long>(kb.written));
@@ -220,30 +219,30 @@ int main(int argc, char** argv) {
       const double ns = static_cast<double>(R * H * es);
       const Shape sx{R, H}, sp{H};
       const std::string shape = std::to_string(R) + "x" + std::to_string(H);
-      kcu::RowTrafficArgs t;
+      RowTrafficArgs t;
       t.rows = R;
       t.h = H;
       t.elem = es;
       t.header = static_cast<int64_t>(header_values);
-      kcu::RowTrafficArgs rms = t;
+      RowTrafficArgs rms = t;
       rms.centered = false;
       rms.beta = rms.dbeta = rms.save_mean = false;
       const size_t r2 = static_cast<size_t>(2 * R), r1 = static_cast<size_t>(R);
-      add({"LayerNorm", "forward", shape, 2 * ns, r2, kcu::row_forward_traffic(t),
+      add({"LayerNorm", "forward", shape, 2 * ns, r2, row_forward_traffic(t),
            [=](Communicator& c) {
              layer_norm_forward(c, v(x, sx), v(g, sp), v(b, sp), v(y, sx), f(mean, R),
                                 f(rstd, R));
            }});
-      add({"LayerNorm", "backward", shape, 3 * ns, r2, kcu::row_backward_traffic(t),
+      add({"LayerNorm", "backward", shape, 3 * ns, r2, row_backward_traffic(t),
            [=](Communicator& c) {
              layer_norm_backward(c, v(dy, sx), v(x, sx), v(g, sp), f(mean, R), f(rstd, R),
                                  v(dx, sx), v(dg, sp), v(db, sp));
            }});
-      add({"RMSNorm", "forward", shape, 2 * ns, r1, kcu::row_forward_traffic(rms),
+      add({"RMSNorm", "forward", shape, 2 * ns, r1, row_forward_traffic(rms),
            [=](Communicator& c) {
              rms_norm_forward(c, v(x, sx), v(g, sp), v(y, sx), f(rstd, R));
            }});
-      add({"RMSNorm", "backward", shape, 3 * ns, r1, kcu::row_backward_traffic(rms),
+      add({"RMSNorm", "backward", shape, 3 * ns, r1, row_backward_traffic(rms),
            [=](Communicator& c) {
              rms_norm_backward(c, v(dy, sx), v(x, sx), v(g, sp), f(rstd, R), v(dx, sx),
                                v(dg, sp));
@@ -254,7 +253,7 @@ int main(int argc, char** argv) {
       const Shape bs = cl ? Shape{bn_n, bn_hw, bn_hw, bn_c} : Shape{bn_n, bn_c, bn_hw, bn_hw};
       const double ns = static_cast<double>(bn_n * bn_c * bn_hw * bn_hw * es);
       const std::string shape = cl ? "32x56x56x64" : "32x64x56x56";
-      kcu::BnTrafficArgs t;
+      BnTrafficArgs t;
       t.outer = cl ? bn_n * bn_hw * bn_hw : bn_n;
       t.c = bn_c;
       t.inner = cl ? 1 : bn_hw * bn_hw;
@@ -266,13 +265,13 @@ int main(int argc, char** argv) {
       const Shape sc{bn_c};
       const size_t pay = static_cast<size_t>(2 * bn_c);
       const char* name = cl ? "SyncBN-CL" : "SyncBN";
-      add({name, "forward", shape, 2 * ns, pay, kcu::bn_forward_traffic(t),
+      add({name, "forward", shape, 2 * ns, pay, bn_forward_traffic(t),
            [=, &tracked](Communicator& c) {
              sync_batch_norm_forward(c, v(x, bs), v(g, sc), v(b, sc), f(rmean, bn_c),
                                      f(rvar, bn_c), &tracked, v(y, bs), f(mean, bn_c),
                                      f(rstd, bn_c), o);
            }});
-      add({name, "backward", shape, 3 * ns, pay, kcu::bn_backward_traffic(t),
+      add({name, "backward", shape, 3 * ns, pay, bn_backward_traffic(t),
            [=](Communicator& c) {
              sync_batch_norm_backward(c, v(dy, bs), v(x, bs), v(g, sc), f(mean, bn_c),
                                       f(rstd, bn_c), v(dx, bs), v(dg, sc), v(db, sc), o);

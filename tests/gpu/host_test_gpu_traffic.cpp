@@ -1,4 +1,4 @@
-// Host tests (no GPU needed) of the kernels' byte accounting (kernels/cuda/traffic.h) against
+// Host tests (no GPU needed) of the kernels' byte accounting (tpnorm/cuda_traffic.h) against
 // numbers worked by hand from the kernels' code for small shapes: which kernels a call
 // launches, in order, and the bytes each reads and writes (each distinct byte once per
 // kernel; the call header has 10 float64 values with agreement checked).
@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/traffic.h"
+#include "tpnorm/cuda_traffic.h"
 
-using namespace tpnorm::kernels::cuda;
+using namespace tpnorm;
 
 namespace {
 

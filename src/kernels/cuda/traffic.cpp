@@ -1,61 +1,16 @@
-// traffic.h — the bytes each CUDA kernel of a call reads from and writes to global memory, for
-// a shape, computed on the host from the same plans the launchers use (plan.h). Plain C++ (no
-// CUDA types): the GPU benchmark prints it next to the op's minimum bytes, and a host test
-// (tests/gpu/host_test_gpu_traffic.cpp) checks it against hand-computed numbers without a GPU.
-//
-// Counting rule: every distinct byte a kernel touches counts once for that kernel, however
-// often the kernel reads it (gamma, read by every row, counts h * s; the robust pivot's re-read
-// of a row's first values counts nothing extra). A byte read by two kernels counts twice: that
-// is the re-read the "minimum bytes" excludes (the apply's x after the partial's x).
-// Kernels are listed in launch order with the launchers' names ("row partial_fwd", ...); the
-// call header kernel (kernels/cuda/call_header.h) writes the header, and the collective
-// (NCCL or the communicator's own) is not a kernel of tpnorm and is not counted here.
-//
-// Covered: the row norms (LayerNorm / RMSNorm) and SyncBatchNorm training calls, forward and
-// backward, of a call that succeeds. Not covered: the fused residual add, GroupNorm, batched
-// norms, SyncBatchNorm in eval mode.
-#pragma once
-
-#include <cstdint>
-#include <vector>
+// traffic.cpp — tpnorm/cuda_traffic.h: the byte accounting of the CUDA kernels, from the same
+// launch plans (plan.h) the launchers use. Compiled only with the CUDA backend.
+#include "tpnorm/cuda_traffic.h"
 
 #include "kernels/cuda/plan.h"
 
-namespace tpnorm::kernels::cuda {
+namespace tpnorm {
 
-struct KernelBytes {
-  const char* kernel;  ///< the launcher's name, e.g. "row apply_fwd"
-  int64_t read = 0, written = 0;
-};
+using kernels::cuda::BnPlan;
+using kernels::cuda::dgamma_chunks;
+using kernels::cuda::plan_channels;
 
-struct Traffic {
-  std::vector<KernelBytes> kernels;
-  int64_t read() const {
-    int64_t b = 0;
-    for (const KernelBytes& k : kernels) b += k.read;
-    return b;
-  }
-  int64_t written() const {
-    int64_t b = 0;
-    for (const KernelBytes& k : kernels) b += k.written;
-    return b;
-  }
-  int64_t total() const { return read() + written(); }
-};
-
-/// A row norm call: `elem` bytes per stored element (x, y, dy, dx, gamma, beta, dgamma, dbeta),
-/// `wire` bytes per statistic value (8: Stats::kRobust, 4: kNaive), `saved` bytes per saved
-/// mean / rstd value, `header` the call header's values (tpnorm::call_header_values).
-struct RowTrafficArgs {
-  int64_t rows = 0, h = 0;
-  int64_t elem = 4, wire = 8, saved = 4, header = 10;
-  bool centered = true;  ///< LayerNorm (mean and variance) or RMSNorm
-  bool gamma = true, beta = true;
-  bool save_mean = true, save_rstd = true;  ///< forward: which saved statistics are written
-  bool dgamma = true, dbeta = true;         ///< backward: which parameter gradients are written
-};
-
-inline Traffic row_forward_traffic(const RowTrafficArgs& a) {
+Traffic row_forward_traffic(const RowTrafficArgs& a) {
   const int64_t n = a.rows * a.h * a.elem, k = a.centered ? 2 : 1, pay = a.rows * k * a.wire;
   Traffic t;
   if (a.rows > 0) t.kernels.push_back({"row partial_fwd", n, pay});
@@ -69,7 +24,7 @@ inline Traffic row_forward_traffic(const RowTrafficArgs& a) {
   return t;
 }
 
-inline Traffic row_backward_traffic(const RowTrafficArgs& a) {
+Traffic row_backward_traffic(const RowTrafficArgs& a) {
   const int64_t n = a.rows * a.h * a.elem, k = a.centered ? 2 : 1, pay = a.rows * k * a.wire;
   const int64_t gamma = a.gamma ? a.h * a.elem : 0;
   const int64_t stats = (a.centered ? 2 : 1) * a.rows * a.saved;  // saved mean (LN) and rstd
@@ -90,19 +45,7 @@ inline Traffic row_backward_traffic(const RowTrafficArgs& a) {
   return t;
 }
 
-/// A SyncBatchNorm training call on this rank's [outer, c, inner] (NCHW: outer = n, inner =
-/// prod(spatial); channels-last: outer = n * prod(spatial), inner = 1).
-struct BnTrafficArgs {
-  int64_t outer = 0, c = 0, inner = 1;
-  bool channels_last = false;
-  int64_t elem = 4, wire = 8, saved = 4, running = 4, header = 10;
-  bool robust = true;          ///< forward: the combine kernel re-reads each channel's pivot
-  bool update_running = true;  ///< forward: running mean / var read and written
-  bool gamma = true, beta = true;
-  bool dgamma = true, dbeta = true;
-};
-
-inline Traffic bn_forward_traffic(const BnTrafficArgs& a) {
+Traffic bn_forward_traffic(const BnTrafficArgs& a) {
   const BnPlan p = plan_channels(a.outer, a.c, a.inner);
   const int64_t n = a.outer * a.c * a.inner * a.elem, part = p.splits * 2 * a.c * 4;
   const int64_t pay = 2 * a.c * a.wire, hdr = a.header * a.wire;
@@ -126,7 +69,7 @@ inline Traffic bn_forward_traffic(const BnTrafficArgs& a) {
   return t;
 }
 
-inline Traffic bn_backward_traffic(const BnTrafficArgs& a) {
+Traffic bn_backward_traffic(const BnTrafficArgs& a) {
   const BnPlan p = plan_channels(a.outer, a.c, a.inner);
   const int64_t n = a.outer * a.c * a.inner * a.elem, part = p.splits * 2 * a.c * 4;
   const int64_t pay = 2 * a.c * a.wire, hdr = a.header * a.wire, stat = a.c * a.saved;
@@ -151,4 +94,4 @@ inline Traffic bn_backward_traffic(const BnTrafficArgs& a) {
   return t;
 }
 
-}  // namespace tpnorm::kernels::cuda
+}  // namespace tpnorm

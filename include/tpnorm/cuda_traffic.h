@@ -1,0 +1,79 @@
+// tpnorm/cuda_traffic.h — the bytes each CUDA kernel of a call reads from and writes to global
+// memory, for a shape, computed on the host from the same launch plans the CUDA backend's
+// launchers use. Plain C++ (no CUDA types); the definitions are compiled only with the CUDA
+// backend (TPNORM_WITH_CUDA), so a CPU-only build of tpnorm has none of these functions.
+// The GPU benchmark (bench/gpu) prints it next to the op's minimum bytes; a host test
+// (tests/gpu/host_test_gpu_traffic.cpp) checks it against hand-computed numbers without a GPU.
+//
+// Counting rule: every distinct byte a kernel touches counts once for that kernel, however
+// often the kernel reads it (gamma, read by every row, counts h * s; the robust pivot's re-read
+// of a row's first values counts nothing extra). A byte read by two kernels counts twice: that
+// is the re-read an op's "minimum bytes" excludes (the apply's x after the partial's x).
+// Kernels are listed in launch order with the launchers' names ("row partial_fwd", ...); the
+// call header kernel writes the header. Not counted: the collective (NCCL or the
+// communicator's own, not a kernel of tpnorm). It is a model worked from the kernels' code,
+// not a measurement: caches may serve a re-read, which still counts here.
+//
+// Covered: the row norms (LayerNorm / RMSNorm) and SyncBatchNorm training calls, forward and
+// backward, of a call that succeeds. Not covered: the fused residual add, GroupNorm, batched
+// norms, SyncBatchNorm in eval mode.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tpnorm {
+
+struct KernelBytes {
+  const char* kernel;  ///< the launcher's name, e.g. "row apply_fwd"
+  int64_t read = 0, written = 0;
+};
+
+struct Traffic {
+  std::vector<KernelBytes> kernels;  ///< in launch order
+  int64_t read() const {
+    int64_t b = 0;
+    for (const KernelBytes& k : kernels) b += k.read;
+    return b;
+  }
+  int64_t written() const {
+    int64_t b = 0;
+    for (const KernelBytes& k : kernels) b += k.written;
+    return b;
+  }
+  int64_t total() const { return read() + written(); }
+};
+
+/// A row norm call: `elem` bytes per stored element (x, y, dy, dx, gamma, beta, dgamma, dbeta),
+/// `wire` bytes per statistic value (8: Stats::kRobust, 4: kNaive), `saved` bytes per saved
+/// mean / rstd value, `header` the call header's values (tpnorm::call_header_values).
+struct RowTrafficArgs {
+  int64_t rows = 0, h = 0;
+  int64_t elem = 4, wire = 8, saved = 4, header = 10;
+  bool centered = true;  ///< LayerNorm (mean and variance) or RMSNorm
+  bool gamma = true, beta = true;
+  bool save_mean = true, save_rstd = true;  ///< forward: which saved statistics are written
+  bool dgamma = true, dbeta = true;         ///< backward: which parameter gradients are written
+};
+
+/// The kernels of a successful row norm forward / backward call and their bytes.
+Traffic row_forward_traffic(const RowTrafficArgs& a);
+Traffic row_backward_traffic(const RowTrafficArgs& a);
+
+/// A SyncBatchNorm training call on this rank's [outer, c, inner] (NCHW: outer = n, inner =
+/// prod(spatial); channels-last: outer = n * prod(spatial), inner = 1).
+struct BnTrafficArgs {
+  int64_t outer = 0, c = 0, inner = 1;
+  bool channels_last = false;
+  int64_t elem = 4, wire = 8, saved = 4, running = 4, header = 10;
+  bool robust = true;          ///< forward: the combine kernel re-reads each channel's pivot
+  bool update_running = true;  ///< forward: running mean / var read and written
+  bool gamma = true, beta = true;
+  bool dgamma = true, dbeta = true;
+};
+
+/// The kernels of a successful SyncBatchNorm training forward / backward call and their bytes.
+Traffic bn_forward_traffic(const BnTrafficArgs& a);
+Traffic bn_backward_traffic(const BnTrafficArgs& a);
+
+}  // namespace tpnorm
