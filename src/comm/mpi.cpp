@@ -21,28 +21,18 @@
 #include <vector>
 
 #include "comm/mpi_check.h"
+#include "comm/mpi_util.h"
 #include "common/check.h"
 
 namespace tpnorm {
 namespace {
 
-MPI_Datatype mpi_type(DType t) {
-  if (t == DType::F64) return MPI_DOUBLE;
-  if (t == DType::F32) return MPI_FLOAT;
-  if (t == DType::I64) return MPI_INT64_T;  // Stats::kExact's limbs
-  throw Error(ErrorCode::kInvalidArgument,
-              std::string("tpnorm: MPI all_reduce_sum supports fp32, fp64 and int64 buffers, not ") +
-                  dtype_name(t));
-}
+using detail::mpi_type;
 
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm parent) {
-    TPNORM_CHECK(MPI, MPI_Comm_dup(parent, &comm_));
-    // Errors come back as return codes (and become tpnorm::Error) instead of aborting.
-    TPNORM_CHECK(MPI, MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    TPNORM_CHECK(MPI, MPI_Comm_rank(comm_, &rank_));
-    TPNORM_CHECK(MPI, MPI_Comm_size(comm_, &size_));
+    detail::dup_comm(parent, &comm_, &rank_, &size_);
     // Every call checks the header first: its sum is non-blocking and hides under the partial
     // (see README "Agreement on every call").
     set_default_strict_calls(-1);

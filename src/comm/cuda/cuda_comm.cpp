@@ -28,6 +28,7 @@
 #include "comm/cuda/workspace.h"
 #include "comm/device_comm.h"
 #include "comm/mpi_check.h"
+#include "comm/mpi_util.h"
 #include "common/cuda_check.h"
 #include "tpnorm/cuda_mpi.h"
 #include "tpnorm/error.h"
@@ -139,14 +140,7 @@ class CudaSingleCommunicator final : public CudaCommBase {
   void do_all_reduce_sum(void*, size_t, DType) override {}  // the sum over one rank
 };
 
-MPI_Datatype mpi_type(DType t) {
-  if (t == DType::F64) return MPI_DOUBLE;
-  if (t == DType::F32) return MPI_FLOAT;
-  if (t == DType::I64) return MPI_INT64_T;  // Stats::kExact's limbs
-  throw Error(ErrorCode::kInvalidArgument,
-              std::string("tpnorm: MPI all_reduce_sum supports fp32, fp64 and int64 buffers, not ") +
-                  dtype_name(t));
-}
+using detail::mpi_type;
 
 // An MPI duplicate of the caller's communicator, for control (and staged) traffic. sum() is
 // MPI_Iallreduce polled with MPI_Test against the deadline; overdue() is called (it ends the
@@ -154,12 +148,7 @@ MPI_Datatype mpi_type(DType t) {
 struct MpiDup {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
-  explicit MpiDup(MPI_Comm parent) {
-    TPNORM_CHECK(MPI, MPI_Comm_dup(parent, &comm));
-    TPNORM_CHECK(MPI, MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
-    TPNORM_CHECK(MPI, MPI_Comm_rank(comm, &rank));
-    TPNORM_CHECK(MPI, MPI_Comm_size(comm, &size));
-  }
+  explicit MpiDup(MPI_Comm parent) { detail::dup_comm(parent, &comm, &rank, &size); }
   ~MpiDup() {
     int finalized = 0;
     MPI_Finalized(&finalized);
