@@ -180,19 +180,29 @@ __global__ void fwd_consts(int64_t c, BnForwardStats f, const T* gamma, const T*
 // elements (i + the grid's stride, at most 2^21, then never wraps), so each element's channel
 // costs 32-bit divisions instead of 64-bit ones; else int64_t. Every element gets the same
 // float arithmetic either way.
-template <class T, class I>
-__global__ void apply_fwd(Geo g, Header hd, const T* __restrict__ x, T* __restrict__ y,
-                          const float* consts, int* err) {
-  double n;
-  if (!call_ok(hd, true, &n)) return mark_failed(err);
+// The element-wise kernels (apply_fwd, apply_bwd) share this grid-stride walk: f(i, ch) for
+// every element i this thread owns, ch = its channel.
+template <class I, class F>
+__device__ __forceinline__ void for_each_element(const Geo& g, F&& f) {
   const I total = static_cast<I>(g.outer * g.c * g.inner), inner = static_cast<I>(g.inner);
   const I c = static_cast<I>(g.c);
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<I>(gridDim.x) * blockDim.x) {
     const I ch = (i / inner) % c;
+    f(i, ch);
+  }
+}
+
+template <class T, class I>
+__global__ void apply_fwd(Geo g, Header hd, const T* __restrict__ x, T* __restrict__ y,
+                          const float* consts, int* err) {
+  double n;
+  if (!call_ok(hd, true, &n)) return mark_failed(err);
+  const I c = static_cast<I>(g.c);
+  for_each_element<I>(g, [&](I i, I ch) {
     y[i] = from_f<T>(((to_f(x[i]) - consts[ch]) - consts[c + ch]) * consts[2 * c + ch] +
                      consts[3 * c + ch]);
-  }
+  });
 }
 
 // consts: head[c], tail[c], k[c], c1[c], c2[c].
@@ -221,15 +231,12 @@ __global__ void apply_bwd(Geo g, Header hd, const T* __restrict__ dy, const T* _
                           T* __restrict__ dx, const float* consts, int* err) {
   double n;
   if (!call_ok(hd, false, &n)) return mark_failed(err);
-  const I total = static_cast<I>(g.outer * g.c * g.inner), inner = static_cast<I>(g.inner);
   const I c = static_cast<I>(g.c);
-  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const I ch = (i / inner) % c;
+  for_each_element<I>(g, [&](I i, I ch) {
     const float xc = (to_f(x[i]) - consts[ch]) - consts[c + ch];
     dx[i] = from_f<T>(consts[2 * c + ch] *
                       (to_f(dy[i]) - consts[3 * c + ch] - xc * consts[4 * c + ch]));
-  }
+  });
 }
 
 template <class T>

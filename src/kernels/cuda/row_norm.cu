@@ -27,6 +27,28 @@ __device__ __forceinline__ int64_t row_of(const Geo& g) {
   return static_cast<int64_t>(blockIdx.x) * (blockDim.x / g.tpr) + threadIdx.x / g.tpr;
 }
 
+// The two kernels that apply a summed payload (apply_fwd, apply_bwd) start the same way, so
+// they share this: a failed call marks err and a thread past the last row leaves. Returns
+// false when the thread has nothing more to do; else rc holds its row's context.
+struct RowCall {
+  double n;         // the global count of elements per row, from the header
+  int64_t r;        // this thread's row
+  int lane;         // this thread's place among the row's g.tpr threads
+  const void* pay;  // the summed payload
+};
+
+__device__ __forceinline__ bool row_call(const Geo& g, const Header& hd, int* err, RowCall& rc) {
+  if (!header_ok(hd, &rc.n)) {
+    mark_failed(err);
+    return false;
+  }
+  rc.r = row_of(g);
+  if (rc.r >= g.rows) return false;
+  rc.lane = threadIdx.x % g.tpr;
+  rc.pay = payload_of(hd);
+  return true;
+}
+
 // ---- kernels ----------------------------------------------------------------------------
 
 template <class T, int V>
@@ -84,12 +106,9 @@ __global__ void __launch_bounds__(256)
     apply_fwd(Geo g, const T* __restrict__ x, const T* __restrict__ gamma,
               const T* __restrict__ beta, Header hd, double eps, bool centered, bool s64,
               T* __restrict__ y, void* mean, void* rstd, int* err) {
-  double n;
-  if (!header_ok(hd, &n)) return mark_failed(err);
-  const int64_t r = row_of(g);
-  if (r >= g.rows) return;
-  const int lane = threadIdx.x % g.tpr;
-  const void* pay = payload_of(hd);
+  RowCall rc;
+  if (!row_call(g, hd, err, rc)) return;
+  const auto& [n, r, lane, pay] = rc;
   double mu, var, rs_w;
   if (hd.w64) {
     row_moments<double>(pay, r, centered, n, mu, var);
@@ -165,12 +184,9 @@ __global__ void __launch_bounds__(256)
     apply_bwd(Geo g, const T* __restrict__ dy, const T* __restrict__ x,
               const T* __restrict__ gamma, const void* mean, const void* rstd, bool s64,
               Header hd, bool centered, T* __restrict__ dx, int* err) {
-  double n;
-  if (!header_ok(hd, &n)) return mark_failed(err);
-  const int64_t r = row_of(g);
-  if (r >= g.rows) return;
-  const int lane = threadIdx.x % g.tpr;
-  const void* pay = payload_of(hd);
+  RowCall rc;
+  if (!row_call(g, hd, err, rc)) return;
+  const auto& [n, r, lane, pay] = rc;
   const int64_t k1 = centered ? 2 * r + 1 : r;
   float c1, c2;
   if (hd.w64) {

@@ -48,6 +48,16 @@ def _grad(dy, like):
         else dy.contiguous()
 
 
+def _grads(like, weight, channels, has_bias, bias_dtype=None):
+    """The backward outputs every autograd function here allocates the same way: dx shaped and
+    typed like ``like``, dweight like ``weight`` (None without one), and dbias of ``channels``
+    in ``bias_dtype`` (default ``like``'s; mixed precision keeps bias float32) or None."""
+    dx = _empty(like.shape, like)
+    dw = None if weight is None else _empty(weight.shape, weight)
+    db = _empty((channels,), like, bias_dtype) if has_bias else None
+    return dx, dw, db
+
+
 class _RowNorm(torch.autograd.Function):
     """LayerNorm (centered) or RMSNorm over the hidden dimension sharded across comm."""
 
@@ -69,9 +79,7 @@ class _RowNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
-        dx = _empty(x.shape, x)
-        dw = None if weight is None else _empty(weight.shape, weight)
-        db = _empty((x.shape[-1],), x, ctx.bias_dtype) if ctx.has_bias else None
+        dx, dw, db = _grads(x, weight, x.shape[-1], ctx.has_bias, ctx.bias_dtype)
         if ctx.centered:
             _C.layer_norm_backward(ctx.comm, _grad(dy, x), _d(x), _d(weight), mean, rstd, dx,
                                    dw, db, ctx.opt)
@@ -116,10 +124,9 @@ class _FusedAddNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh, dy):
         h, weight, mean, rstd = ctx.saved_tensors
-        dx, df = _empty(h.shape, h), _empty(h.shape, h)
-        dw = None if weight is None else _empty(weight.shape, weight)
+        dx, dw, db = _grads(h, weight, h.shape[-1], ctx.has_bias, ctx.bias_dtype)
+        df = _empty(h.shape, h)
         dh = None if dh is None else dh.contiguous()
-        db = _empty((h.shape[-1],), h, ctx.bias_dtype) if ctx.has_bias else None
         if ctx.centered:
             _C.fused_add_layer_norm_backward(ctx.comm, _grad(dy, h), dh, _d(h), _d(weight), mean,
                                              rstd, ctx.alpha, dx, df, dw, db, ctx.opt)
@@ -181,9 +188,7 @@ class _GroupNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
-        dx = _empty(x.shape, x)
-        dw = None if weight is None else _empty(weight.shape, weight)
-        db = _empty((x.shape[1],), x) if ctx.has_bias else None
+        dx, dw, db = _grads(x, weight, x.shape[1], ctx.has_bias)
         _C.group_norm_backward(ctx.comm, _grad(dy, x), _d(x), ctx.cg, _d(weight), mean, rstd,
                                dx, dw, db, ctx.opt, ctx.instance)
         return dx, dw, db, None, None, None, None
@@ -250,9 +255,7 @@ class _SyncBatchNorm(torch.autograd.Function):
             to_last = (0, *range(2, x.dim()), 1)
             x = x.permute(to_last)
             dy = None if dy is None else dy.permute(to_last)
-        dx = _empty(x.shape, x)
-        dw = None if weight is None else _empty(weight.shape, weight)
-        db = _empty((x.shape[-1 if ctx.channels_last else 1],), x) if ctx.has_bias else None
+        dx, dw, db = _grads(x, weight, x.shape[-1 if ctx.channels_last else 1], ctx.has_bias)
         _C.sync_batch_norm_backward(ctx.comm, _grad(dy, x), _d(x), _d(weight), save_mean,
                                     save_invstd, dx, dw, db, ctx.opt)
         if ctx.channels_last:
