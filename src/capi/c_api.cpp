@@ -119,6 +119,19 @@ TensorView maybe(const void* p, tpnorm_dtype_t t, Shape s) {
   return p ? req(p, t, s) : TensorView();
 }
 
+// A SyncBatchNorm entry point's arguments read once: the options, x's shape, and the channel
+// count C that every per-channel tensor (gamma, beta, running and saved statistics, their
+// gradients) has, so forward and backward build their views the same way.
+struct BatchNormShape {
+  BatchNormShape(int ndim, const int64_t* dims, const tpnorm_batch_norm_options_t* opt)
+      : o(options(opt)), s(shape_of(ndim, dims)), C(channels(s, o)) {}
+  /// An optional per-channel view [C].
+  TensorView channel(const void* p, tpnorm_dtype_t t) const { return maybe(p, t, {C}); }
+
+  const tpnorm::BatchNormOptions o;
+  const Shape s;
+  const int64_t C;
+};
 
 }  // namespace
 
@@ -221,14 +234,12 @@ tpnorm_status_t tpnorm_sync_batch_norm_forward(
     const tpnorm_batch_norm_options_t* opt) {
   return guarded([&] {
     const ViewsOn on(comm);
-    const tpnorm::BatchNormOptions o = options(opt);
-    const Shape s = shape_of(ndim, shape);
-    const int64_t C = channels(s, o);
-    tpnorm::sync_batch_norm_forward(*get(comm), req(x, dtype, s), maybe(gamma, dtype, {C}),
-                                    maybe(beta, dtype, {C}), maybe(running_mean, sd, {C}),
-                                    maybe(running_var, sd, {C}), num_batches_tracked,
-                                    req(y, dtype, s), maybe(save_mean, sd, {C}),
-                                    maybe(save_invstd, sd, {C}), o);
+    const BatchNormShape b(ndim, shape, opt);
+    tpnorm::sync_batch_norm_forward(*get(comm), req(x, dtype, b.s), b.channel(gamma, dtype),
+                                    b.channel(beta, dtype), b.channel(running_mean, sd),
+                                    b.channel(running_var, sd), num_batches_tracked,
+                                    req(y, dtype, b.s), b.channel(save_mean, sd),
+                                    b.channel(save_invstd, sd), b.o);
   });
 }
 
@@ -239,13 +250,11 @@ tpnorm_status_t tpnorm_sync_batch_norm_backward(
     const tpnorm_batch_norm_options_t* opt) {
   return guarded([&] {
     const ViewsOn on(comm);
-    const tpnorm::BatchNormOptions o = options(opt);
-    const Shape s = shape_of(ndim, shape);
-    const int64_t C = channels(s, o);
-    tpnorm::sync_batch_norm_backward(*get(comm), req(dy, dtype, s), req(x, dtype, s),
-                                     maybe(gamma, dtype, {C}), maybe(save_mean, sd, {C}),
-                                     maybe(save_invstd, sd, {C}), req(dx, dtype, s),
-                                     maybe(dgamma, dtype, {C}), maybe(dbeta, dtype, {C}), o);
+    const BatchNormShape b(ndim, shape, opt);
+    tpnorm::sync_batch_norm_backward(*get(comm), req(dy, dtype, b.s), req(x, dtype, b.s),
+                                     b.channel(gamma, dtype), b.channel(save_mean, sd),
+                                     b.channel(save_invstd, sd), req(dx, dtype, b.s),
+                                     b.channel(dgamma, dtype), b.channel(dbeta, dtype), b.o);
   });
 }
 

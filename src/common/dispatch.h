@@ -1,6 +1,7 @@
 // dispatch.h — the one dtype dispatch: turns a runtime DType into a storage type T.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 
 #include "common/half.h"
@@ -35,6 +36,21 @@ template <class Fn>
 void dispatch_kernel_types(DType storage, DType wire, DType stats, Fn&& fn) {
   dispatch_storage(storage, [&](auto t) {
     dispatch_acc(wire, [&](auto w) { dispatch_acc(stats, [&](auto s) { fn(t, w, s); }); });
+  });
+}
+
+/// The forward partial of the CPU norms in every statistics mode, x cast once: exact(x, limbs)
+/// for Stats::kExact (wire I64, int64 limbs), else sums(x, payload) with the payload in the
+/// wire's accumulator type W. Both are called with typed pointers, so the kernels' template
+/// arguments are deduced.
+template <class Exact, class Sums>
+void dispatch_forward_partial(const TensorView& x, DType wire, void* payload, Exact&& exact,
+                              Sums&& sums) {
+  dispatch_storage(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T* xt = static_cast<const T*>(x.data);
+    if (wire == DType::I64) return exact(xt, static_cast<int64_t*>(payload));
+    dispatch_acc(wire, [&](auto w) { sums(xt, static_cast<decltype(w)*>(payload)); });
   });
 }
 

@@ -50,6 +50,13 @@ constexpr int kLimbs2 = 9;        ///< limbs of a sum of squares
 constexpr int kMaxRanks = 2048;   ///< P * (2^52 - 1) < 2^63
 constexpr double kMaxCount = 4294967296.0;  ///< n < 2^32 values per statistic
 
+/// int64 limbs per statistic of the SyncBatchNorm and GroupNorm payloads (their channels and
+/// slots share one layout), `bad` first: forward {bad, sum x, sum x^2}, backward {bad, sum a,
+/// sum b} (two sums of values).
+TPNORM_HD constexpr int moment_limbs(bool forward) {
+  return 1 + kLimbs1 + (forward ? kLimbs2 : kLimbs1);
+}
+
 /// A W-word two's-complement integer, little-endian 64-bit words.
 template <int W>
 struct Wide {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/dispatch.h"
+#include "common/exact_sum.h"
 #include "kernels/cpu/exact_channels.h"
 #include "ops/batch_norm_stages.h"
 #include "ops/device_hooks.h"
@@ -71,7 +72,8 @@ std::vector<double> load_stat(const TensorView& t, int64_t c) {
 PayloadSize bn_payload(const kc::BatchNormArgs& a, bool collective, Stats stats, bool forward) {
   PayloadSize p;
   if (collective) {
-    p.values = static_cast<size_t>(a.c * (stats == Stats::kExact ? kc::exact_bn_limbs(forward) : 2));
+    const int per = stats == Stats::kExact ? tpnorm::exact::moment_limbs(forward) : 2;
+    p.values = static_cast<size_t>(a.c * per);
     p.local_count = static_cast<double>(a.n * a.inner);
   }
 #ifdef TPNORM_WITH_CUDA
@@ -118,19 +120,10 @@ class BnForwardOp final : public SpecOf<BnForward> {
 
   void partial(PackedCall& call) override {
     if (!f_.batch_stats) return;
-    if (call.wire() == DType::I64)
-      return dispatch_storage(f_.x.dtype, [&](auto t) {
-        using T = decltype(t);
-        kc::bn_exact_partial_forward<T>(f_.a, static_cast<const T*>(f_.x.data),
-                                        call.payload<int64_t>());
-      });
-    dispatch_storage(f_.x.dtype, [&](auto t) {
-      dispatch_acc(call.wire(), [&](auto w) {
-        using T = decltype(t);
-        using W = decltype(w);
-        kc::bn_partial_forward<T, W>(f_.a, static_cast<const T*>(f_.x.data), call.payload<W>());
-      });
-    });
+    dispatch_forward_partial(
+        f_.x, call.wire(), call.payload_data(),
+        [&](const auto* x, int64_t* limbs) { kc::bn_exact_partial_forward(f_.a, x, limbs); },
+        [&](const auto* x, auto* sums) { kc::bn_partial_forward(f_.a, x, sums); });
   }
   void apply(PackedCall& call) override {
     const int64_t c = f_.a.c;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/dispatch.h"
+#include "common/exact_sum.h"
 #include "kernels/cpu/exact_groups.h"
 #include "kernels/cpu/group_norm.h"
 #include "ops/device_hooks.h"
@@ -105,7 +106,7 @@ void agree_grouping(PackedCall& call, const Grouping& grp) {
 // ranks must be all channels (the slices tile [0, C)).
 // Stats::kExact: int64 limbs of each slot's exact sums instead (kernels/cpu/exact_groups.h).
 PayloadSize grouping_payload(const Grouping& grp, bool forward) {
-  const int per = grp.opt.stats == Stats::kExact ? kc::exact_group_limbs(forward) : 2;
+  const int per = grp.opt.stats == Stats::kExact ? tpnorm::exact::moment_limbs(forward) : 2;
   return {static_cast<size_t>(grp.g.ng * per), static_cast<double>(grp.g.c_local)};
 }
 
@@ -183,20 +184,10 @@ class GroupForwardOp final : public SpecOf<GroupForward> {
   PayloadSize payload() const override { return device_payload(args_.grp, true); }
   void partial(PackedCall& call) override {
     const Grouping& grp = args_.grp;
-    if (call.wire() == DType::I64)
-      return dispatch_storage(grp.x.dtype, [&](auto t) {
-        using T = decltype(t);
-        kc::group_exact_partial_forward<T>(grp.k, static_cast<const T*>(grp.x.data),
-                                           call.payload<int64_t>());
-      });
-    dispatch_storage(grp.x.dtype, [&](auto t) {
-      dispatch_acc(call.wire(), [&](auto w) {
-        using T = decltype(t);
-        using W = decltype(w);
-        kc::group_partial_forward<T, W>(grp.k, static_cast<const T*>(grp.x.data),
-                                        call.payload<W>());
-      });
-    });
+    dispatch_forward_partial(
+        grp.x, call.wire(), call.payload_data(),
+        [&](const auto* x, int64_t* limbs) { kc::group_exact_partial_forward(grp.k, x, limbs); },
+        [&](const auto* x, auto* sums) { kc::group_partial_forward(grp.k, x, sums); });
   }
   void apply(PackedCall& call) override {
     const Grouping& grp = args_.grp;

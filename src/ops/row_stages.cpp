@@ -18,13 +18,19 @@ kc::RowNormArgs kernel_args(const RowGeometry& g, bool centered, RowRun run) {
 }
 
 // Stats::kExact (wire int64): the summed limbs become each row's final statistics, which the
-// apply kernels then take as they are (RowNormArgs::final_stats) in place of the W moments.
-// With run.fused (one rank) the apply kernel computes them from each row itself instead.
-std::vector<double> exact_final_stats(kc::RowNormArgs& k, bool forward, const void* limbs,
-                                      double n) {
-  std::vector<double> out(static_cast<size_t>(k.rows * (k.centered ? 2 : 1)));
-  if (!k.fused) kc::exact_row_finish(k, forward, static_cast<const int64_t*>(limbs), n, out.data());
+// apply kernels then take as they are (RowNormArgs::final_stats) in place of the W moments;
+// stats and wire then point at them (F64). The returned vector holds them: keep it alive for
+// the apply. With run.fused (one rank) the apply kernel computes them from each row itself.
+// Other modes: nothing changes, the vector is empty.
+std::vector<double> exact_final_stats(kc::RowNormArgs& k, bool forward, void*& stats,
+                                      DType& wire, double n) {
+  std::vector<double> out;
+  if (wire != DType::I64) return out;
+  out.resize(static_cast<size_t>(k.rows * (k.centered ? 2 : 1)));
+  if (!k.fused) kc::exact_row_finish(k, forward, static_cast<const int64_t*>(stats), n, out.data());
   k.final_stats = true;
+  stats = out.data();
+  wire = DType::F64;
   return out;
 }
 
@@ -39,6 +45,62 @@ void dispatch_params(DType param, Fn&& fn) {
     else
       fn(T{});
   }
+}
+
+// A view's data as U*; nullptr where the view is absent or not the call's (`used` false).
+template <class U>
+U* typed(const TensorView& v, bool used = true) {
+  return used ? static_cast<U*>(v.data) : nullptr;
+}
+
+// The views of one row call (either direction) cast once to the kernels' types: T for x, dy,
+// y, dx; P for the parameters; S for the saved statistics. The other direction's pointers stay
+// nullptr, as do mean, beta and dbeta for RMSNorm (not centered): that is how the kernels tell
+// LayerNorm from RMSNorm.
+template <class T, class P, class S>
+struct RowPtrs {
+  explicit RowPtrs(const RowForward& a) : RowPtrs(a.x, a.gamma, a.mean, a.rstd, a.centered) {
+    beta = typed<const P>(a.beta, a.centered);
+    y = typed<T>(a.y);
+  }
+  explicit RowPtrs(const RowBackward& a) : RowPtrs(a.x, a.gamma, a.mean, a.rstd, a.centered) {
+    dy = typed<const T>(a.dy);
+    dx = typed<T>(a.dx);
+    dgamma = typed<P>(a.dgamma);
+    dbeta = typed<P>(a.dbeta, a.centered);
+  }
+
+  const T* x;
+  const T* dy = nullptr;
+  const P* gamma;
+  const P* beta = nullptr;
+  S* mean;  // written by the forward, read by the backward
+  S* rstd;
+  T* y = nullptr;
+  T* dx = nullptr;
+  P* dgamma = nullptr;
+  P* dbeta = nullptr;
+
+ private:
+  RowPtrs(const TensorView& x_, const TensorView& gamma_, const TensorView& mean_,
+          const TensorView& rstd_, bool centered)
+      : x(typed<const T>(x_)),
+        gamma(typed<const P>(gamma_)),
+        mean(typed<S>(mean_, centered)),
+        rstd(typed<S>(rstd_)) {}
+};
+
+// fn(RowPtrs<T, P, S>) for the call's storage type T (x's dtype), parameter type P and
+// saved-statistics type S (`stats`): the one dispatch of the row kernels; the wire type is left
+// to fn, since the exact mode's partials take int64 limbs instead.
+template <class Args, class Fn>
+void with_row_ptrs(const Args& a, DType stats, Fn&& fn) {
+  dispatch_storage(a.x.dtype, [&](auto t) {
+    using T = decltype(t);
+    dispatch_params<T>(a.param, [&](auto p) {
+      dispatch_acc(stats, [&](auto s) { fn(RowPtrs<T, decltype(p), decltype(s)>(a)); });
+    });
+  });
 }
 
 // The parameters' dtype is x's, or float32 next to fp16/bf16 x on the CPU kernels.
@@ -107,98 +169,44 @@ void validate_row_backward(Validator& v, const std::string& p, const RowBackward
 
 void row_forward_partial(const RowForward& a, DType wire, void* stats, RowRun run) {
   const kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
-  if (wire == DType::I64)
-    return dispatch_storage(a.x.dtype, [&](auto t) {
-      using T = decltype(t);
-      kc::row_exact_partial_forward<T>(k, static_cast<const T*>(a.x.data),
-                                       static_cast<int64_t*>(stats));
-    });
-  dispatch_storage(a.x.dtype, [&](auto t) {
-    dispatch_acc(wire, [&](auto w) {
-      using T = decltype(t);
-      using W = decltype(w);
-      kc::row_partial_forward<T, W>(k, static_cast<const T*>(a.x.data), static_cast<W*>(stats));
-    });
-  });
+  dispatch_forward_partial(
+      a.x, wire, stats,
+      [&](const auto* x, int64_t* limbs) { kc::row_exact_partial_forward(k, x, limbs); },
+      [&](const auto* x, auto* sums) { kc::row_partial_forward(k, x, sums); });
 }
 
 void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, double eps,
                        RowRun run) {
   kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
-  std::vector<double> exact;
-  if (wire == DType::I64) {
-    exact = exact_final_stats(k, true, stats, n);
-    stats = exact.data();
-    wire = DType::F64;
-  }
-  dispatch_kernel_types(a.x.dtype, wire, saved_dtype(a.mean, a.rstd), [&](auto t, auto w, auto s) {
-    using T = decltype(t);
-    using W = decltype(w);
-    using S = decltype(s);
-    dispatch_params<T>(a.param, [&](auto p) {
-      using P = decltype(p);
-      kc::row_apply_forward<T, P, W, S>(
-          k, static_cast<const T*>(a.x.data), static_cast<const P*>(a.gamma.data),
-          a.centered ? static_cast<const P*>(a.beta.data) : nullptr, static_cast<W*>(stats), n,
-          eps, static_cast<T*>(a.y.data), a.centered ? static_cast<S*>(a.mean.data) : nullptr,
-          static_cast<S*>(a.rstd.data));
+  const std::vector<double> exact = exact_final_stats(k, true, stats, wire, n);
+  with_row_ptrs(a, saved_dtype(a.mean, a.rstd), [&](const auto& p) {
+    dispatch_acc(wire, [&](auto w) {
+      kc::row_apply_forward(k, p.x, p.gamma, p.beta, static_cast<decltype(w)*>(stats), n, eps,
+                            p.y, p.mean, p.rstd);
     });
   });
 }
 
 void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun run) {
   const kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
-  if (wire == DType::I64)
-    return dispatch_storage(a.x.dtype, [&](auto t) {
-      dispatch_acc(a.rstd.dtype, [&](auto s) {
-        using T = decltype(t);
-        using S = decltype(s);
-        dispatch_params<T>(a.param, [&](auto p) {
-          using P = decltype(p);
-          kc::row_exact_partial_backward<T, P, S>(
-              k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
-              static_cast<const P*>(a.gamma.data),
-              a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
-              static_cast<const S*>(a.rstd.data), static_cast<int64_t*>(stats));
-        });
-      });
-    });
-  dispatch_kernel_types(a.x.dtype, wire, a.rstd.dtype, [&](auto t, auto w, auto s) {
-    using T = decltype(t);
-    using W = decltype(w);
-    using S = decltype(s);
-    dispatch_params<T>(a.param, [&](auto p) {
-      using P = decltype(p);
-      kc::row_partial_backward<T, P, W, S>(
-          k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
-          static_cast<const P*>(a.gamma.data),
-          a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
-          static_cast<const S*>(a.rstd.data), static_cast<W*>(stats));
+  with_row_ptrs(a, a.rstd.dtype, [&](const auto& p) {
+    if (wire == DType::I64)
+      return kc::row_exact_partial_backward(k, p.dy, p.x, p.gamma, p.mean, p.rstd,
+                                            static_cast<int64_t*>(stats));
+    dispatch_acc(wire, [&](auto w) {
+      kc::row_partial_backward(k, p.dy, p.x, p.gamma, p.mean, p.rstd,
+                               static_cast<decltype(w)*>(stats));
     });
   });
 }
 
 void row_backward_apply(const RowBackward& a, DType wire, void* stats, double n, RowRun run) {
   kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
-  std::vector<double> exact;
-  if (wire == DType::I64) {
-    exact = exact_final_stats(k, false, stats, n);
-    stats = exact.data();
-    wire = DType::F64;
-  }
-  dispatch_kernel_types(a.x.dtype, wire, a.rstd.dtype, [&](auto t, auto w, auto s) {
-    using T = decltype(t);
-    using W = decltype(w);
-    using S = decltype(s);
-    dispatch_params<T>(a.param, [&](auto p) {
-      using P = decltype(p);
-      kc::row_apply_backward<T, P, W, S>(
-          k, static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
-          static_cast<const P*>(a.gamma.data),
-          a.centered ? static_cast<const S*>(a.mean.data) : nullptr,
-          static_cast<const S*>(a.rstd.data), static_cast<W*>(stats), n,
-          static_cast<T*>(a.dx.data), static_cast<P*>(a.dgamma.data),
-          a.centered ? static_cast<P*>(a.dbeta.data) : nullptr);
+  const std::vector<double> exact = exact_final_stats(k, false, stats, wire, n);
+  with_row_ptrs(a, a.rstd.dtype, [&](const auto& p) {
+    dispatch_acc(wire, [&](auto w) {
+      kc::row_apply_backward(k, p.dy, p.x, p.gamma, p.mean, p.rstd,
+                             static_cast<decltype(w)*>(stats), n, p.dx, p.dgamma, p.dbeta);
     });
   });
 }

@@ -38,33 +38,19 @@ class ExactBins {
   /// Adds n values value(j) (floats) to the sum of values and the sum of their squares.
   template <class Value>
   void add_values_and_squares(int64_t n, Value value) {
-    for (int64_t j0 = 0; j0 < n; j0 += kBatch) {
-      const int64_t j1 = j0 + kBatch < n ? j0 + kBatch : n;
-      int64_t j = j0;
-      for (; j + kCopies <= j1; j += kCopies)
-        for (int c = 0; c < kCopies; ++c) put_square(c, value(j + c));
-      for (; j < j1; ++j) put_square(0, value(j));
-      fold_squares();
-    }
+    in_batches(n, [&](int c, int64_t j) { put_square(c, value(j)); }, [&] { fold_squares(); });
   }
 
   /// Adds n pairs (first(j), second(j)) to two sums of values (e.g. sum g and sum g*xhat).
   template <class Pair>
   void add_pairs(int64_t n, Pair pair) {
-    for (int64_t j0 = 0; j0 < n; j0 += kBatch) {
-      const int64_t j1 = j0 + kBatch < n ? j0 + kBatch : n;
-      int64_t j = j0;
-      for (; j + kCopies <= j1; j += kCopies)
-        for (int c = 0; c < kCopies; ++c) {
-          const auto p = pair(j + c);
+    in_batches(
+        n,
+        [&](int c, int64_t j) {
+          const auto p = pair(j);
           put_pair(c, p.first, p.second);
-        }
-      for (; j < j1; ++j) {
-        const auto p = pair(j);
-        put_pair(0, p.first, p.second);
-      }
-      fold_pairs();
-    }
+        },
+        [&] { fold_pairs(); });
   }
 
   /// The sums so far (values left out as bad are counted in bad()).
@@ -84,6 +70,20 @@ class ExactBins {
 
  private:
   static constexpr int kBins = kExpLimit;
+
+  // put(c, j) for j in [0, n): value j into copy c = j % kCopies (the tail into copy 0), and
+  // fold() after every kBatch values, before a bin can overflow (see the headroom above).
+  template <class Put, class Fold>
+  void in_batches(int64_t n, Put put, Fold fold) {
+    for (int64_t j0 = 0; j0 < n; j0 += kBatch) {
+      const int64_t j1 = j0 + kBatch < n ? j0 + kBatch : n;
+      int64_t j = j0;
+      for (; j + kCopies <= j1; j += kCopies)
+        for (int c = 0; c < kCopies; ++c) put(c, j + c);
+      for (; j < j1; ++j) put(0, j);
+      fold();
+    }
+  }
 
   // Biased exponent (subnormals as 1) and signed significand of v; false if v is bad.
   static bool split(float v, int& e, int64_t& m) {

@@ -71,7 +71,7 @@ inline int64_t offset(const BatchNormArgs& a, int64_t ch, int64_t i) {
 
 void pack(const BatchNormArgs& a, bool forward, const std::vector<ChannelSums>& sums,
           int64_t* limbs) {
-  const int k = exact_bn_limbs(forward);
+  const int k = exact::moment_limbs(forward);
   for (int64_t ch = 0; ch < a.c; ++ch) {
     int64_t* out = limbs + ch * k;
     out[0] = sums[ch].bad;
@@ -84,10 +84,6 @@ void pack(const BatchNormArgs& a, bool forward, const std::vector<ChannelSums>& 
 }
 
 }  // namespace
-
-int exact_bn_limbs(bool forward) {
-  return 1 + exact::kLimbs1 + (forward ? exact::kLimbs2 : exact::kLimbs1);
-}
 
 template <class T>
 void bn_exact_partial_forward(const BatchNormArgs& a, const T* x, int64_t* limbs) {
@@ -120,7 +116,7 @@ void bn_exact_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, 
 }
 
 void bn_exact_moments(int64_t c, const int64_t* limbs, double n, double* mean, double* var) {
-  const int k = exact_bn_limbs(true);
+  const int k = exact::moment_limbs(true);
   const auto count = static_cast<uint64_t>(n);
   for (int64_t ch = 0; ch < c; ++ch) {
     const int64_t* in = limbs + ch * k;
@@ -136,7 +132,7 @@ void bn_exact_moments(int64_t c, const int64_t* limbs, double n, double* mean, d
 }
 
 void bn_exact_backward_sums(int64_t c, const int64_t* limbs, double d, double* sums) {
-  const int k = exact_bn_limbs(false);
+  const int k = exact::moment_limbs(false);
   const auto div = static_cast<uint64_t>(d);
   for (int64_t ch = 0; ch < c; ++ch) {
     const int64_t* in = limbs + ch * k;

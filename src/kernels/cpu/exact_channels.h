@@ -3,8 +3,8 @@
 // and the summed limbs turned into the values the ordinary apply kernels take
 // (kernels/cpu/batch_norm.h), each rounded once.
 //
-// Limbs per channel (exact_bn_limbs), `bad` first (values left out: not finite or |v| >= 2^64;
-// the channel's statistics become NaN):
+// Limbs per channel (exact::moment_limbs), `bad` first (values left out: not finite or
+// |v| >= 2^64; the channel's statistics become NaN):
 //   forward  {bad, sum x (5), sum x^2 (9)} = 15     backward {bad, sum dy (5), sum dy*xmu (5)} = 11
 // with xmu = (x - head) - tail, the saved mean split into floats as bn_apply_backward does.
 #pragma once
@@ -14,8 +14,6 @@
 #include "kernels/cpu/batch_norm.h"
 
 namespace tpnorm::kernels::cpu {
-
-int exact_bn_limbs(bool forward);
 
 template <class T>
 void bn_exact_partial_forward(const BatchNormArgs& a, const T* x, int64_t* limbs);

@@ -37,13 +37,9 @@ void pieces(int64_t n, exact::Sum1& s1, exact::Sum2* s2, int64_t& bad, Fill fill
 
 }  // namespace
 
-int exact_group_limbs(bool forward) {
-  return 1 + exact::kLimbs1 + (forward ? exact::kLimbs2 : exact::kLimbs1);
-}
-
 template <class T>
 void group_exact_partial_forward(const GroupNormArgs& a, const T* x, int64_t* limbs) {
-  const int k = exact_group_limbs(true);
+  const int k = exact::moment_limbs(true);
   const int64_t slots = a.n * a.groups;
 #pragma omp parallel for num_threads(thread_count(a.threads, slots)) schedule(static)
   for (int64_t s = 0; s < slots; ++s) {
@@ -72,7 +68,7 @@ void group_exact_partial_forward(const GroupNormArgs& a, const T* x, int64_t* li
 template <class T, class S>
 void group_exact_partial_backward(const GroupNormArgs& a, const T* dy, const T* x, const T* gamma,
                                   const S* mean, const S* rstd, int64_t* limbs, double* dparams) {
-  const int k = exact_group_limbs(false);
+  const int k = exact::moment_limbs(false);
   // The terms of local channel c of sample b: g = dy*gamma[c], g*xhat (which = 0), or dy*xhat,
   // dy (which = 1, for dgamma / dbeta), as float32.
   auto plane_terms = [&](int64_t b, int64_t c, int which, int64_t j0, int64_t m, float* buf) {
@@ -127,7 +123,7 @@ void group_exact_partial_backward(const GroupNormArgs& a, const T* dy, const T* 
 
 void exact_group_finish(const GroupNormArgs& a, bool forward, const int64_t* limbs, double count,
                         double* stats) {
-  const int k = exact_group_limbs(forward);
+  const int k = exact::moment_limbs(forward);
   const auto n = static_cast<uint64_t>(count);
   for (int64_t s = 0; s < a.n * a.groups; ++s) {
     const int64_t* in = limbs + s * k;

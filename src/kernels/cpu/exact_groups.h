@@ -2,7 +2,8 @@
 // kernels/cpu/group_norm.h: NCHW, this rank's channels [c0, c0 + c_local)).
 //
 // Per (sample, group) slot, for ALL groups (slots a rank does not touch stay zero), int64 limbs of
-// exact sums (common/exact_sum.h), `bad` first (values left out: not finite or |v| >= 2^64):
+// exact sums (common/exact_sum.h; exact::moment_limbs per slot), `bad` first (values left out:
+// not finite or |v| >= 2^64):
 //   forward  {bad, sum x (5), sum x^2 (9)} = 15     backward {bad, sum g (5), sum g*xhat (5)} = 11
 // with g = dy * gamma[c] and xhat = ((x - head) - tail) * rstd formed in float32 as the apply
 // kernel forms them. A group's channels on this rank are one contiguous run of each sample, so
@@ -15,8 +16,6 @@
 #include "kernels/cpu/group_norm.h"
 
 namespace tpnorm::kernels::cpu {
-
-int exact_group_limbs(bool forward);
 
 template <class T>
 void group_exact_partial_forward(const GroupNormArgs& a, const T* x, int64_t* limbs);
