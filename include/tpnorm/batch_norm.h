@@ -55,7 +55,11 @@ struct BatchNormOptions {
 
 /// SyncBatchNorm forward.
 /// [in]     x             [N_local, C, *spatial] or [N_local, *spatial, C]
-/// [in]     gamma, beta   [C] or absent (affine off)
+/// [in]     gamma, beta   [C] or absent (affine off); x's dtype, or float32 next to float16 /
+///                        bfloat16 x (mixed precision, as autocast runs BatchNorm: fp32
+///                        parameters, half activations; CPU communicators only, a device
+///                        communicator refuses it on every rank). Both of the same dtype, the
+///                        same on every rank.
 /// [in,out] running_mean, running_var  [C] float32/float64 (the same), or absent
 ///                        (track_running_stats off; then eval mode uses batch statistics too,
 ///                        over the global batch with one collective, where PyTorch would use
@@ -74,7 +78,8 @@ void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const Tens
 /// forward saves running_mean and 1/sqrt(running_var + eps)). opt.training says whether those
 /// were batch statistics: then ONE collective of per-channel {sum dy, sum dy*(x-mean)} (count in
 /// the header); otherwise they are constants and nothing is sent.
-/// [out] dx like x; dgamma, dbeta [C] or absent: this rank's local sums (overwritten).
+/// [out] dx like x; dgamma, dbeta [C] or absent: this rank's local sums (overwritten), in
+///       gamma's dtype (float32 with mixed precision, see the forward).
 void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
                               const TensorView& gamma, const TensorView& save_mean,
                               const TensorView& save_invstd, const TensorView& dx,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/half.h"
@@ -52,6 +53,20 @@ void dispatch_forward_partial(const TensorView& x, DType wire, void* payload, Ex
     if (wire == DType::I64) return exact(xt, static_cast<int64_t*>(payload));
     dispatch_acc(wire, [&](auto w) { sums(xt, static_cast<decltype(w)*>(payload)); });
   });
+}
+
+/// fn(P{}) with P the parameter type (gamma / beta and their gradients) of a kernel of storage
+/// type T: T, or float for float32 parameters next to fp16/bf16 x (mixed precision).
+template <class T, class Fn>
+void dispatch_params(DType param, Fn&& fn) {
+  if constexpr (std::is_same_v<T, float>) {
+    fn(float{});
+  } else {
+    if (param == DType::F32)
+      fn(float{});
+    else
+      fn(T{});
+  }
 }
 
 }  // namespace tpnorm::detail

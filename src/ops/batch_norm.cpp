@@ -93,8 +93,9 @@ class BnForwardOp final : public SpecOf<BnForward> {
     check_x(v, f_.x);
     v.eps(f_.opt.eps);
     v.like("y", f_.y, f_.x);
-    v.optional("gamma", f_.gamma, a.c, f_.x.dtype);
-    v.optional("beta", f_.beta, a.c, f_.x.dtype);
+    v.params(f_.gamma.present() ? "gamma" : "beta", f_.param, f_.x);
+    v.optional("gamma", f_.gamma, a.c, f_.param);
+    v.optional("beta", f_.beta, a.c, f_.param);
     if (f_.tracking) v.stats("running_mean", f_.running_mean, a.c);
     if (f_.tracking) v.stats("running_var", f_.running_var, a.c);
     if (f_.tracking) v.same_dtype("running_var", f_.running_var, f_.running_mean.dtype);
@@ -113,6 +114,7 @@ class BnForwardOp final : public SpecOf<BnForward> {
     call.agree("running stats", f_.tracking ? 1 : 0);
     call.agree("gamma", f_.gamma.present() ? 1 : 0);
     call.agree("beta", f_.beta.present() ? 1 : 0);
+    call.agree("param dtype", static_cast<double>(f_.param));
   }
   PayloadSize payload() const override {
     return bn_payload(f_.a, f_.batch_stats, f_.opt.stats, true);
@@ -149,10 +151,13 @@ class BnForwardOp final : public SpecOf<BnForward> {
     for (int64_t i = 0; i < c; ++i) invstd[i] = 1.0 / std::sqrt(var[i] + f_.opt.eps);
     dispatch_storage(f_.x.dtype, [&](auto t) {
       using T = decltype(t);
-      kc::bn_apply_forward<T, double>(f_.a, static_cast<const T*>(f_.x.data),
-                                      static_cast<const T*>(f_.gamma.data),
-                                      static_cast<const T*>(f_.beta.data), mean.data(),
-                                      invstd.data(), static_cast<T*>(f_.y.data));
+      dispatch_params<T>(f_.param, [&](auto p) {
+        using P = decltype(p);
+        kc::bn_apply_forward<T, P, double>(f_.a, static_cast<const T*>(f_.x.data),
+                                           static_cast<const P*>(f_.gamma.data),
+                                           static_cast<const P*>(f_.beta.data), mean.data(),
+                                           invstd.data(), static_cast<T*>(f_.y.data));
+      });
     });
     store_stat(f_.save_mean, mean);
     store_stat(f_.save_invstd, invstd);
@@ -187,17 +192,20 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
     check_x(v, b_.x);
     v.like("dy", b_.dy, b_.x);
     v.like("dx", b_.dx, b_.x);
-    v.optional("gamma", b_.gamma, c, b_.x.dtype);
+    v.params(b_.gamma.present() ? "gamma" : b_.dgamma.present() ? "dgamma" : "dbeta", b_.param,
+             b_.x);
+    v.optional("gamma", b_.gamma, c, b_.param);
     v.stats("save_mean", b_.save_mean, c);
     v.stats("save_invstd", b_.save_invstd, c);
     v.same_dtype("save_invstd", b_.save_invstd, b_.save_mean.dtype);
-    v.optional("dgamma", b_.dgamma, c, b_.x.dtype);
-    v.optional("dbeta", b_.dbeta, c, b_.x.dtype);
+    v.optional("dgamma", b_.dgamma, c, b_.param);
+    v.optional("dbeta", b_.dbeta, c, b_.param);
   }
   void agree(PackedCall& call) const override {
     agree_common(call, b_.x, b_.a, b_.opt);
     call.agree("training", b_.opt.training ? 1 : 0);
     call.agree("gamma", b_.gamma.present() ? 1 : 0);
+    call.agree("param dtype", static_cast<double>(b_.param));
   }
   // In eval too: the partial's local sums give dgamma / dbeta.
   PayloadSize payload() const override { return bn_payload(b_.a, true, b_.opt.stats, false); }
@@ -233,14 +241,15 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
       using T = decltype(t);
       using W = decltype(w);
       using S = decltype(s);
-      kc::bn_apply_backward<T, W, S>(
-          b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
-          static_cast<const T*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
-          static_cast<const S*>(b_.save_invstd.data), call.payload<W>(), n,
-          static_cast<T*>(b_.dx.data));
-      kc::bn_param_grads<T, double, S>(
-          b_.a.c, local_.data(), static_cast<const S*>(b_.save_invstd.data),
-          static_cast<T*>(b_.dgamma.data), static_cast<T*>(b_.dbeta.data));
+      dispatch_params<T>(b_.param, [&](auto p) {
+        using P = decltype(p);
+        kc::bn_apply_backward<T, P, W, S>(
+            b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
+            static_cast<const P*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
+            static_cast<const S*>(b_.save_invstd.data), call.payload<W>(), n,
+            static_cast<T*>(b_.dx.data));
+        param_grads<P, S>();
+      });
     });
   }
 
@@ -278,15 +287,25 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
     dispatch_kernel_types(b_.x.dtype, DType::F64, b_.save_mean.dtype, [&](auto t, auto, auto s) {
       using T = decltype(t);
       using S = decltype(s);
-      kc::bn_apply_backward<T, double, S>(
-          b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
-          static_cast<const T*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
-          static_cast<const S*>(b_.save_invstd.data), sums.data(), n,
-          static_cast<T*>(b_.dx.data));
-      kc::bn_param_grads<T, double, S>(
-          b_.a.c, local_.data(), static_cast<const S*>(b_.save_invstd.data),
-          static_cast<T*>(b_.dgamma.data), static_cast<T*>(b_.dbeta.data));
+      dispatch_params<T>(b_.param, [&](auto p) {
+        using P = decltype(p);
+        kc::bn_apply_backward<T, P, double, S>(
+            b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
+            static_cast<const P*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
+            static_cast<const S*>(b_.save_invstd.data), sums.data(), n,
+            static_cast<T*>(b_.dx.data));
+        param_grads<P, S>();
+      });
     });
+  }
+
+  // dgamma / dbeta (P: the parameter type) from this rank's partials.
+  template <class P, class S>
+  void param_grads() {
+    kc::bn_param_grads<P, double, S>(b_.a.c, local_.data(),
+                                     static_cast<const S*>(b_.save_invstd.data),
+                                     static_cast<P*>(b_.dgamma.data),
+                                     static_cast<P*>(b_.dbeta.data));
   }
 
   const BnBackward& b_ = args_;

@@ -38,12 +38,14 @@ struct BnForward {
   bool batch_stats = opt.training || !tracking;
   /// momentum NaN: the running statistics are a cumulative average.
   bool cumulative = std::isnan(opt.momentum);
+  DType param = param_dtype(x, {&gamma, &beta});  ///< gamma's and beta's dtype
 };
 
 struct BnBackward {
   TensorView dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta;
   BatchNormOptions opt;
   kernels::cpu::BatchNormArgs a = bn_geometry(x, opt);
+  DType param = param_dtype(x, {&gamma, &dgamma, &dbeta});  ///< gamma's, dgamma's, dbeta's
 };
 
 }  // namespace tpnorm::detail

@@ -1,7 +1,6 @@
 // row_stages.cpp — see row_stages.h. The dtype dispatch of the CPU row kernels lives here once.
 #include "ops/row_stages.h"
 
-#include <type_traits>
 #include <vector>
 
 #include "common/dispatch.h"
@@ -32,19 +31,6 @@ std::vector<double> exact_final_stats(kc::RowNormArgs& k, bool forward, void*& s
   stats = out.data();
   wire = DType::F64;
   return out;
-}
-
-// fn(P{}) with P the parameter type: T, or float for float32 parameters of fp16/bf16 x.
-template <class T, class Fn>
-void dispatch_params(DType param, Fn&& fn) {
-  if constexpr (std::is_same_v<T, float>) {
-    fn(float{});
-  } else {
-    if (param == DType::F32)
-      fn(float{});
-    else
-      fn(T{});
-  }
 }
 
 // A view's data as U*; nullptr where the view is absent or not the call's (`used` false).
@@ -103,25 +89,7 @@ void with_row_ptrs(const Args& a, DType stats, Fn&& fn) {
   });
 }
 
-// The parameters' dtype is x's, or float32 next to fp16/bf16 x on the CPU kernels.
-void validate_params(Validator& v, const std::string& name, DType param, const TensorView& x) {
-  if (param == x.dtype) return;
-  if (param != DType::F32) {
-    v.fail(name.c_str(), std::string("has dtype ") + dtype_name(param) + ", expected x's (" +
-                             dtype_name(x.dtype) + ") or fp32");
-  } else if (x.device.kind != DeviceKind::CPU) {
-    v.fail(name.c_str(), "is fp32 next to " + std::string(dtype_name(x.dtype)) +
-                             " x: mixed precision runs on the CPU kernels only so far");
-  }
-}
-
 }  // namespace
-
-DType param_dtype(const TensorView& x, std::initializer_list<const TensorView*> views) {
-  for (const TensorView* v : views)
-    if (v->present()) return v->dtype;
-  return x.dtype;
-}
 
 int64_t row_stat_width(bool centered, Stats stats, bool forward) {
   if (stats == Stats::kExact) return kc::exact_row_limbs(centered, forward);
@@ -143,7 +111,7 @@ void validate_row_forward(Validator& v, const std::string& p, const RowForward& 
   v.usable(x.c_str(), a.x);
   v.storage(x.c_str(), a.x);
   v.like(y.c_str(), a.y, a.x);
-  validate_params(v, a.gamma.present() || !a.centered ? gamma : beta, a.param, a.x);
+  v.params((a.gamma.present() || !a.centered ? gamma : beta).c_str(), a.param, a.x);
   v.optional(gamma.c_str(), a.gamma, a.g.h, a.param);
   if (a.centered) v.optional(beta.c_str(), a.beta, a.g.h, a.param);
   v.optional_stats(rstd.c_str(), a.rstd, a.g.rows, a.rstd.dtype);
@@ -158,8 +126,8 @@ void validate_row_backward(Validator& v, const std::string& p, const RowBackward
   v.storage(x.c_str(), a.x);
   v.like(dy.c_str(), a.dy, a.x);
   v.like(dx.c_str(), a.dx, a.x);
-  validate_params(v, a.gamma.present() ? gamma : a.dgamma.present() ? dgamma : dbeta, a.param,
-                  a.x);
+  v.params((a.gamma.present() ? gamma : a.dgamma.present() ? dgamma : dbeta).c_str(), a.param,
+           a.x);
   v.optional(gamma.c_str(), a.gamma, a.g.h, a.param);
   v.stats(rstd.c_str(), a.rstd, a.g.rows);
   if (a.centered) v.stats_like(mean.c_str(), a.mean, a.g.rows, a.rstd);

@@ -22,11 +22,6 @@ struct RowGeometry {
 /// {0, 0} for a shape the validator rejects (see shape_fits).
 RowGeometry row_geometry(const TensorView& x);
 
-/// The dtype of a row norm's gamma / beta and their gradients: the first present of `views`,
-/// else x's. Valid: x's storage dtype, or float32 with fp16/bf16 x (mixed precision, CPU
-/// kernels only; see validate_row_forward).
-DType param_dtype(const TensorView& x, std::initializer_list<const TensorView*> views);
-
 /// Payload values per row: {sum x, sum x^2} / {sum g, sum g*xhat} centred, one value for RMS;
 /// in Stats::kExact int64 limbs (kernels/cpu/exact_rows.h), which differ forward and backward.
 int64_t row_stat_width(bool centered, Stats stats, bool forward);

@@ -37,6 +37,14 @@ inline bool shape_fits(const Shape& s) {
   return true;
 }
 
+/// The dtype of a norm's parameters and their gradients: the first present of `views`, else
+/// x's. Valid: x's storage dtype, or float32 with fp16/bf16 x (Validator::params).
+inline DType param_dtype(const TensorView& x, std::initializer_list<const TensorView*> views) {
+  for (const TensorView* v : views)
+    if (v->present()) return v->dtype;
+  return x.dtype;
+}
+
 class Validator {
  public:
   Validator(PackedCall& call, Device device) : call_(call), device_(device) {}
@@ -102,6 +110,19 @@ class Validator {
   /// A storage dtype: the dtypes of x, y, gamma... (saved statistics are float32/float64).
   bool storage(const char* name, const TensorView& v) {
     return dtype_in(name, v, {DType::F32, DType::F16, DType::BF16});
+  }
+  /// The dtype of a norm's parameters (gamma / beta and their gradients; see param_dtype): x's,
+  /// or float32 next to fp16/bf16 x on the CPU kernels (mixed precision). `name`: the first
+  /// present parameter, for the message.
+  bool params(const char* name, DType param, const TensorView& x) {
+    if (!ok() || param == x.dtype) return ok();
+    if (param != DType::F32)
+      return fail(name, std::string("has dtype ") + dtype_name(param) + ", expected x's (" +
+                            dtype_name(x.dtype) + ") or fp32");
+    if (x.device.kind != DeviceKind::CPU)
+      return fail(name, "is fp32 next to " + std::string(dtype_name(x.dtype)) +
+                            " x: mixed precision runs on the CPU kernels only so far");
+    return true;
   }
   bool eps(double e) {
     if (!ok()) return false;

@@ -26,6 +26,8 @@ constexpr float kSentinel = -7.f;
 struct Call {
   int64_t N = 3, C = 4, S = 2;
   DType dt = DType::F32;
+  DType gamma_dt = DType::F32, beta_dt = DType::F32;  // used when affine
+  bool affine = false;
   BatchNormOptions o;
   std::vector<float> x = normal(5, world_rank(), N * C * S);
   Buffer y = Buffer(DType::F32, std::vector<float>(N * C * S, kSentinel));
@@ -33,11 +35,12 @@ struct Call {
   int64_t tracked = 5;
   bool null_x = false;
   void run(Communicator& c) {
-    Buffer xb(dt, x);
+    Buffer xb(dt, x), g(gamma_dt, std::vector<float>(C, 1.f)), b(beta_dt, std::vector<float>(C));
     y = Buffer(dt, std::vector<float>(N * C * S, kSentinel));
     const Shape s{N, C, S}, ch{C};
     sync_batch_norm_forward(c, null_x ? TensorView(static_cast<void*>(nullptr), dt, s) : xb.view(s),
-                            {}, {}, view(rm.data(), ch), view(rv.data(), ch), &tracked, y.view(s),
+                            affine ? g.view(ch) : TensorView{}, affine ? b.view(ch) : TensorView{},
+                            view(rm.data(), ch), view(rv.data(), ch), &tracked, y.view(s),
                             view(sm.data(), ch), view(si.data(), ch), o);
   }
   bool untouched() const {
@@ -84,6 +87,21 @@ TEST(BatchNormBadInputs, DtypeEpsOrMomentumDifferingAcrossRanks) {
                "ranks disagree on 'eps'");
   expect_fails([](Call& c) { if (on(kLast)) c.o.momentum = 0.2; }, ErrorCode::kMismatch,
                "ranks disagree on 'momentum'");
+}
+
+// Parameters are x's dtype or float32 (mixed precision); anything else, gamma and beta apart, or
+// ranks choosing differently, fails on every rank.
+TEST(BatchNormBadInputs, ParamDtypeNeitherXsNorFp32OrDifferingAcrossRanks) {
+  expect_fails([](Call& c) {
+    c.affine = true, c.dt = DType::BF16;
+    if (on(kLast)) c.gamma_dt = c.beta_dt = DType::F16;
+  }, ErrorCode::kInvalidArgument, "argument 'gamma' has dtype fp16, expected x's (bf16) or fp32");
+  expect_fails([](Call& c) { c.affine = true, c.dt = DType::F16, c.beta_dt = DType::F16; },
+               ErrorCode::kInvalidArgument, "argument 'beta' has dtype fp16, expected fp32");
+  expect_fails([](Call& c) {
+    c.affine = true, c.dt = DType::BF16;
+    if (on(!kLast)) c.gamma_dt = c.beta_dt = DType::BF16;
+  }, ErrorCode::kMismatch, "ranks disagree on 'param dtype'");
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 //   y: r + r;  save_mean: 1e-6 + 1e-6;  save_invstd: 1e-5 rel;  running stats: 1e-6 + 1e-5
 //   (float32 state over 3 updates);  dx: r*max(1, invstd) + 10r;
 //   dgamma, dbeta (local sums, summed over ranks here): r*count + r.
+// Mixed precision (fp16/bf16 x, y, dy, dx with float32 gamma/beta/dgamma/dbeta): the same, with
+// gamma/beta rounded to float32 and dgamma/dbeta held to float32's r.
 // The eval step must also send nothing (the communicator's counters stay at 0).
 #include <gtest/gtest.h>
 
@@ -67,6 +69,7 @@ struct Scenario {
   bool affine;
   double momentum;
   DType dt = DType::F32;
+  bool fp32_params = false;  ///< gamma/beta/dgamma/dbeta float32 next to a half dt
 };
 
 // Runs 3 training steps and one eval step of SyncBatchNorm on `mpi` (this rank holds n[me]
@@ -75,7 +78,7 @@ int64_t run_steps(MPI_Comm mpi, const Scenario& su, const std::vector<int64_t>& 
   int me = 0;
   MPI_Comm_rank(mpi, &me);
   auto comm = make_mpi_communicator(mpi);
-  const DType dt = su.dt;
+  const DType dt = su.dt, pdt = su.fp32_params ? DType::F32 : su.dt;
   const int64_t C = su.c.c, N = std::accumulate(n.begin(), n.end(), int64_t{0});
   const int64_t inner = std::accumulate(su.c.spatial.begin(), su.c.spatial.end(), int64_t{1},
                                         std::multiplies<int64_t>());
@@ -83,6 +86,7 @@ int64_t run_steps(MPI_Comm mpi, const Scenario& su, const std::vector<int64_t>& 
   const int64_t per = C * inner, count = N * inner;
   const bool cl = su.layout == Layout::kChannelsLast;
   auto round = [&](std::vector<float> v) { return Buffer(dt, v).floats(); };
+  auto round_p = [&](std::vector<float> v) { return Buffer(pdt, v).floats(); };
   // This rank's samples of a full NCHW tensor, in the op's layout; and the reverse for outputs.
   auto mine = [&](const std::vector<float>& full) {
     std::vector<float> v(full.begin() + b0 * per, full.begin() + (b0 + nb) * per);
@@ -93,9 +97,9 @@ int64_t run_steps(MPI_Comm mpi, const Scenario& su, const std::vector<int64_t>& 
     return cl ? to_channels_last(v, nb, C, inner) : v;
   };
 
-  const std::vector<float> gamma = su.affine ? round(normal(seed, 1, C, 1.0, 0.5)) : std::vector<float>{};
-  const std::vector<float> beta = su.affine ? round(normal(seed, 2, C)) : std::vector<float>{};
-  Buffer g(dt, gamma), b(dt, beta);
+  const std::vector<float> gamma = su.affine ? round_p(normal(seed, 1, C, 1.0, 0.5)) : std::vector<float>{};
+  const std::vector<float> beta = su.affine ? round_p(normal(seed, 2, C)) : std::vector<float>{};
+  Buffer g(pdt, gamma), b(pdt, beta);
   const TensorView gv = su.affine ? g.view({C}) : TensorView{};
   const TensorView bv = su.affine ? b.view({C}) : TensorView{};
   std::vector<float> rm(C, 0.f), rv(C, 1.f), smean(C), sinv(C);
@@ -105,7 +109,7 @@ int64_t run_steps(MPI_Comm mpi, const Scenario& su, const std::vector<int64_t>& 
   opt.layout = su.layout;
   opt.momentum = su.momentum;
   const Shape xs = shape_of(nb, C, su.c.spatial, su.layout), cs{C};
-  const double rt = storage_rtol(dt);
+  const double rt = storage_rtol(dt), rtp = storage_rtol(pdt);
   int64_t wrong = 0;
 
   for (int step = 0; step <= 3; ++step) {
@@ -114,7 +118,7 @@ int64_t run_steps(MPI_Comm mpi, const Scenario& su, const std::vector<int64_t>& 
     const auto x = round(normal(seed, 10 + step, N * per, 0.5 * step, 1.5));
     const auto dy = round(normal(seed, 20 + step, N * per));
     Buffer xl(dt, mine(x)), dyl(dt, mine(dy)), y(dt, nb * per), dx(dt, nb * per);
-    Buffer dg(dt, C), db(dt, C);
+    Buffer dg(pdt, C), db(pdt, C);
     comm->reset_counters();
     sync_batch_norm_forward(*comm, xl.view(xs), gv, bv, view(rm.data(), cs), view(rv.data(), cs),
                             &tracked, y.view(xs), view(smean.data(), cs), view(sinv.data(), cs),
@@ -146,8 +150,8 @@ int64_t run_steps(MPI_Comm mpi, const Scenario& su, const std::vector<int64_t>& 
     wrong += count_wrong("dx", dx.floats(), want(ref.dx), rt * std::max(1.0, is_max), 10 * rt);
     wrong += count_wrong("save_mean", smean, ref.mean, 1e-6, 1e-6);
     wrong += count_wrong("save_invstd", sinv, invstd, 0, 1e-5);
-    wrong += count_wrong("dgamma summed", dg_sum, ref.dgamma, rt * count, rt);
-    wrong += count_wrong("dbeta summed", db_sum, ref.dbeta, rt * count, rt);
+    wrong += count_wrong("dgamma summed", dg_sum, ref.dgamma, rtp * count, rtp);
+    wrong += count_wrong("dbeta summed", db_sum, ref.dbeta, rtp * count, rtp);
   }
   wrong += count_wrong("running_mean", rm, rm_ref, 1e-6, 1e-5);
   wrong += count_wrong("running_var", rv, rv_ref, 1e-6, 1e-5);
@@ -196,6 +200,21 @@ TEST(BatchNormEquivalenceHalf, Fp16AndBf16MatchWithinStorageTolerance) {
       const Scenario su{kCases[0], l, true, 0.1, dt};
       wrong += run_steps(MPI_COMM_WORLD, su, batch_sizes(Batches::kUneven, world_size()), 9);
     }
+  EXPECT_EQ(sum_over_ranks(wrong), 0);
+}
+
+// Mixed precision as autocast runs BatchNorm: fp16/bf16 x with float32 gamma/beta, whose
+// gradients must come out at float32's tolerance (not rounded through the activations' dtype).
+TEST(BatchNormEquivalenceMixed, HalfXWithFp32ParamsMatchAtFp32ParamTolerance) {
+  int64_t wrong = 0;
+  for (DType dt : {DType::F16, DType::BF16})
+    for (Layout l : {Layout::kNCHW, Layout::kChannelsLast})
+      for (int i : {0, 1, 3}) {  // uneven with a rank empty, [N, C], only rank 0 holding data
+        const Case& c = kCases[i];
+        const double momentum = i == 1 ? BatchNormOptions::cumulative() : 0.1;
+        const Scenario su{c, l, true, momentum, dt, true};
+        wrong += run_steps(MPI_COMM_WORLD, su, batch_sizes(c.batches, world_size()), 11);
+      }
   EXPECT_EQ(sum_over_ranks(wrong), 0);
 }
 

@@ -2,7 +2,8 @@
 # batches with one rank empty, against torch.nn.functional.batch_norm in float64 on the
 # concatenated batch: outputs, dx, dgamma/dbeta (summed over ranks), running statistics over
 # several training steps (momentum 0.1 and None), eval; NCHW and channels-last; state_dict
-# round trip with torch.nn.BatchNorm2d.
+# round trip with torch.nn.BatchNorm2d; mixed precision (bf16/fp16 x with float32 parameters, as
+# autocast runs BatchNorm), whose parameter gradients must come out at float32's tolerance.
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -68,6 +69,53 @@ def test_sync_batch_norm_matches_torch(comm, momentum, channels_last, dtype):
         n += int(m.num_batches_tracked) != int(ref.num_batches_tracked)
         if channels_last:
             n += not y.is_contiguous(memory_format=torch.channels_last)
+    assert_everywhere(n == 0, report)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sync_batch_norm_half_input_fp32_params(comm, channels_last, dtype):
+    r, P, C = WORLD.rank, WORLD.size, 4
+    sizes = batch_sizes(P)
+    N = sum(sizes)
+    m = tpnorm.SyncBatchNorm(C, process_group=comm)  # float32 parameters and buffers
+    ref = torch.nn.BatchNorm2d(C, dtype=torch.float64)
+    with torch.no_grad():
+        w, b = full(53, C, shift=1.0), full(54, C)
+        m.weight.copy_(w), m.bias.copy_(b)
+        ref.weight.copy_(w.double()), ref.bias.copy_(b.double())
+    rt, rp, report, n = RTOL[dtype], RTOL[torch.float32], [], 0
+    for step in range(3):
+        train = step < 2
+        m.train(train), ref.train(train)
+        X = full(90 + step, N, C, 3, 5, scale=1.5, shift=0.5 * step, dtype=dtype)
+        dY = full(95 + step, N, C, 3, 5, dtype=dtype)
+        x = my_rows(X, sizes, r)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        x.requires_grad_()
+        m.zero_grad()
+        y = m(x)
+        y.backward(my_rows(dY, sizes, r))
+        Xd = X.double().requires_grad_()
+        ref.zero_grad()
+        Yd = ref(Xd)
+        Yd.backward(dY.double())
+        n += y.dtype != dtype or x.grad.dtype != dtype
+        n += m.weight.grad.dtype != torch.float32 or m.bias.grad.dtype != torch.float32
+        dw = m.weight.grad.double().clone()
+        db = m.bias.grad.double().clone()
+        WORLD.Allreduce(dw.numpy().copy(), dw.numpy())
+        WORLD.Allreduce(db.numpy().copy(), db.numpy())
+        rstd_max = float(torch.rsqrt(Xd.detach().var((0, 2, 3), unbiased=False) + 1e-5).max())
+        s = f"{dtype} step {step}: "
+        n += wrong(s + "y", y, my_rows(Yd.detach(), sizes, r), rt, rt, report)
+        n += wrong(s + "dx", x.grad, my_rows(Xd.grad, sizes, r), rt * max(1, rstd_max), 10 * rt,
+                   report)
+        n += wrong(s + "dgamma (sum over ranks)", dw, ref.weight.grad, rp * N * 15, rp, report)
+        n += wrong(s + "dbeta (sum over ranks)", db, ref.bias.grad, rp * N * 15, rp, report)
+        n += wrong(s + "running_mean", m.running_mean, ref.running_mean, 1e-6, 1e-5, report)
+        n += wrong(s + "running_var", m.running_var, ref.running_var, 1e-6, 1e-5, report)
     assert_everywhere(n == 0, report)
 
 

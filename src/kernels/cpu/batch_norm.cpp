@@ -214,8 +214,8 @@ void bn_moments(int64_t c, const W* stats, double n, double* mean, double* var) 
   }
 }
 
-template <class T, class S>
-void bn_apply_forward(const BatchNormArgs& a, const T* x, const T* gamma, const T* beta,
+template <class T, class P, class S>
+void bn_apply_forward(const BatchNormArgs& a, const T* x, const P* gamma, const P* beta,
                       const S* mean, const S* invstd, T* y) {
   std::vector<float> mh, mt, scale(a.c), shift(a.c);
   split_means(a.c, mean, mh, mt);
@@ -245,8 +245,8 @@ void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const 
   });
 }
 
-template <class T, class W, class S>
-void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const T* gamma,
+template <class T, class P, class W, class S>
+void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const P* gamma,
                        const S* mean, const S* invstd, const W* stats, double n, T* dx) {
   std::vector<float> mh, mt, k(a.c), c1(a.c), c2(a.c);
   split_means(a.c, mean, mh, mt);
@@ -266,29 +266,41 @@ void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const T*
   });
 }
 
-template <class T, class W, class S>
-void bn_param_grads(int64_t c, const W* local_stats, const S* invstd, T* dgamma, T* dbeta) {
+template <class P, class W, class S>
+void bn_param_grads(int64_t c, const W* local_stats, const S* invstd, P* dgamma, P* dbeta) {
   for (int64_t ch = 0; ch < c; ++ch) {
     if (dgamma)
-      dgamma[ch] = from_float<T>(static_cast<float>(static_cast<double>(invstd[ch]) *
+      dgamma[ch] = from_float<P>(static_cast<float>(static_cast<double>(invstd[ch]) *
                                                     static_cast<double>(local_stats[2 * ch + 1])));
-    if (dbeta) dbeta[ch] = from_float<T>(static_cast<float>(local_stats[2 * ch]));
+    if (dbeta) dbeta[ch] = from_float<P>(static_cast<float>(local_stats[2 * ch]));
   }
 }
 
 // W: the wire type of bn_partial_forward, the saved-statistics type of bn_apply_forward.
-#define TPNORM_BN_W(T, W)                                                                    \
-  template void bn_partial_forward<T, W>(const BatchNormArgs&, const T*, W*);                \
-  template void bn_apply_forward<T, W>(const BatchNormArgs&, const T*, const T*, const T*, \
-                                       const W*, const W*, T*);
-#define TPNORM_BN_WS(T, W, S)                                                                   \
-  template void bn_partial_backward<T, W, S>(const BatchNormArgs&, const T*, const T*,         \
-                                             const S*, W*);                                    \
-  template void bn_apply_backward<T, W, S>(const BatchNormArgs&, const T*, const T*, const T*, \
-                                           const S*, const S*, const W*, double, T*);          \
+// P: the parameter type, T or float (TPNORM_BN_*_F32: float32 parameters of f16/bf16 x).
+#define TPNORM_BN_PW(T, P, W) \
+  template void bn_apply_forward<T, P, W>(const BatchNormArgs&, const T*, const P*, const P*, \
+                                          const W*, const W*, T*);
+#define TPNORM_BN_W(T, W)                                                     \
+  template void bn_partial_forward<T, W>(const BatchNormArgs&, const T*, W*); \
+  TPNORM_BN_PW(T, T, W)
+#define TPNORM_BN_PWS(T, P, W, S)                                                            \
+  template void bn_apply_backward<T, P, W, S>(const BatchNormArgs&, const T*, const T*,     \
+                                              const P*, const S*, const S*, const W*, double, \
+                                              T*);
+#define TPNORM_BN_WS(T, W, S)                                                           \
+  template void bn_partial_backward<T, W, S>(const BatchNormArgs&, const T*, const T*, \
+                                             const S*, W*);                            \
+  TPNORM_BN_PWS(T, T, W, S)                                                             \
   template void bn_param_grads<T, W, S>(int64_t, const W*, const S*, T*, T*);
+#define TPNORM_BN_W_F32(T, W) TPNORM_BN_PW(T, float, W)
+#define TPNORM_BN_WS_F32(T, W, S) TPNORM_BN_PWS(T, float, W, S)
 #define TPNORM_BN(T) TPNORM_FOR_EACH_W(TPNORM_BN_W, T) TPNORM_FOR_EACH_WS(TPNORM_BN_WS, T)
+#define TPNORM_BN_F32(T) \
+  TPNORM_FOR_EACH_W(TPNORM_BN_W_F32, T) TPNORM_FOR_EACH_WS(TPNORM_BN_WS_F32, T)
 TPNORM_FOR_EACH_STORAGE(TPNORM_BN)
+TPNORM_BN_F32(f16)
+TPNORM_BN_F32(bf16)
 template void bn_moments<float>(int64_t, const float*, double, double*, double*);
 template void bn_moments<double>(int64_t, const double*, double, double*, double*);
 

@@ -17,6 +17,10 @@
 // the channel), so rounding does not grow with the count and 1e4 + N(0,1) loses nothing;
 // shifting the sums back for the wire still leaves a relative variance error of about
 // 1e-16 * (mean/std)^2. W is float in the naive mode.
+//
+// P, the type of gamma / beta / dgamma / dbeta, is T or float: fp16/bf16 activations with
+// float32 parameters and parameter gradients (mixed precision, as autocast runs BatchNorm).
+// Running and saved statistics keep their own float32/float64 dtypes either way.
 #pragma once
 
 #include <cstdint>
@@ -41,8 +45,8 @@ template <class W>
 void bn_moments(int64_t c, const W* stats, double n, double* mean, double* var);
 
 /// y = gamma * (x - mean) * invstd + beta; gamma/beta may be null (1 / 0).
-template <class T, class S>
-void bn_apply_forward(const BatchNormArgs& a, const T* x, const T* gamma, const T* beta,
+template <class T, class P, class S>
+void bn_apply_forward(const BatchNormArgs& a, const T* x, const P* gamma, const P* beta,
                       const S* mean, const S* invstd, T* y);
 
 /// stats[2c]: {sum dy, sum dy*(x - mean)} of this rank's elements of each channel.
@@ -52,13 +56,13 @@ void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const 
 
 /// dx = gamma*invstd*(dy - sum(dy)/n - (x-mean)*invstd^2*sum(dy*(x-mean))/n), stats summed over
 /// ranks, n the global count. Zero stats give the eval backward dx = gamma*invstd*dy.
-template <class T, class W, class S>
-void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const T* gamma,
+template <class T, class P, class W, class S>
+void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const P* gamma,
                        const S* mean, const S* invstd, const W* stats, double n, T* dx);
 
 /// dgamma = invstd * sum_local(dy*(x-mean)), dbeta = sum_local(dy) from this rank's (unsummed)
 /// backward partials; either output may be null.
-template <class T, class W, class S>
-void bn_param_grads(int64_t c, const W* local_stats, const S* invstd, T* dgamma, T* dbeta);
+template <class P, class W, class S>
+void bn_param_grads(int64_t c, const W* local_stats, const S* invstd, P* dgamma, P* dbeta);
 
 }  // namespace tpnorm::kernels::cpu

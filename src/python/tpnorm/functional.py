@@ -244,6 +244,7 @@ class _SyncBatchNorm(torch.autograd.Function):
         ctx.save_for_backward(x, weight, save_mean, save_invstd)
         ctx.comm, ctx.opt, ctx.channels_last = comm, opt, channels_last
         ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype  # fp32 next to fp16/bf16 x too
         if channels_last:
             y = y.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
         return y
@@ -255,7 +256,8 @@ class _SyncBatchNorm(torch.autograd.Function):
             to_last = (0, *range(2, x.dim()), 1)
             x = x.permute(to_last)
             dy = None if dy is None else dy.permute(to_last)
-        dx, dw, db = _grads(x, weight, x.shape[-1 if ctx.channels_last else 1], ctx.has_bias)
+        dx, dw, db = _grads(x, weight, x.shape[-1 if ctx.channels_last else 1], ctx.has_bias,
+                            ctx.bias_dtype)
         _C.sync_batch_norm_backward(ctx.comm, _grad(dy, x), _d(x), _d(weight), save_mean,
                                     save_invstd, dx, dw, db, ctx.opt)
         if ctx.channels_last:
@@ -271,6 +273,7 @@ def sync_batch_norm(x, running_mean, running_var, weight=None, bias=None, traini
     """F.batch_norm with statistics over the batch of every rank of ``comm``.
 
     running_mean / running_var: float32 [C] buffers updated in place in training (or None).
+    weight / bias: x's dtype, or float32 next to a float16/bfloat16 x (mixed precision, CPU).
     momentum: a float (None is the caller's cumulative average: pass 1/num_batches_tracked).
     Training with running statistics absent, or eval without them, uses batch statistics.
     A 4-D/5-D x in torch.channels_last(_3d) memory format (stride 1 on C) runs channels-last.
