@@ -118,8 +118,11 @@ std::vector<Field> fields(const Row& r, const Flags& f, int P) {
           {"op", r.op, true, -10, "op"},
           {"local_shape", r.shape, true, -11, "local"},
           {"dtype", dtype_flag(f.cfg.dtype), true, 5, "dtype"},
-          {"stats", f.cfg.stats == Stats::kNaive ? "naive"
-                    : f.cfg.stats == Stats::kExact ? "exact" : "robust", true, 6, "stats"},
+          {"stats",
+           f.cfg.stats == Stats::kNaive   ? "naive"
+           : f.cfg.stats == Stats::kExact ? "exact"
+                                          : "robust",
+           true, 6, "stats"},
           {"fwd_bytes", std::to_string(r.fwd_bytes), false, 9, "fwd_B"},
           {"bwd_bytes", std::to_string(r.bwd_bytes), false, 9, "bwd_B"},
           {"header_bytes", std::to_string(r.hdr_bytes), false, 6, "hdr_B"},
@@ -140,16 +143,19 @@ std::vector<Field> fields(const Row& r, const Flags& f, int P) {
 void print_header(const Flags& f, int P) {
   std::string shape;
   for (int64_t d : f.cfg.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
-  std::printf("# tpnorm bench: %s; layernorm/rmsnorm x %lldx%lld (hidden sharded), syncbn x %s "
-              "NCHW (batch sharded); %d iterations after %d warm-up; one step = forward + "
-              "backward\n",
-              f.op.c_str(), (long long)f.cfg.rows, (long long)f.cfg.hidden, shape.c_str(),
-              f.iters, f.warmup);
-  std::printf("# bytes: what each rank sends per call (communicator counters) = payload "
-              "(README \"One collective per call\") + call header (hdr); strict pre-check off "
-              "after warm-up\n");
-  std::printf("# times in us per step, median over iterations of the slowest rank; bare = the "
-              "same payloads as two bare all-reduces; model = fitted ring all-reduce\n");
+  std::printf(
+      "# tpnorm bench: %s; layernorm/rmsnorm x %lldx%lld (hidden sharded), syncbn x %s "
+      "NCHW (batch sharded); %d iterations after %d warm-up; one step = forward + "
+      "backward\n",
+      f.op.c_str(), (long long)f.cfg.rows, (long long)f.cfg.hidden, shape.c_str(), f.iters,
+      f.warmup);
+  std::printf(
+      "# bytes: what each rank sends per call (communicator counters) = payload "
+      "(README \"One collective per call\") + call header (hdr); strict pre-check off "
+      "after warm-up\n");
+  std::printf(
+      "# times in us per step, median over iterations of the slowest rank; bare = the "
+      "same payloads as two bare all-reduces; model = fitted ring all-reduce\n");
   std::printf("# algbw = (fwd+bwd bytes) / reduce time, busbw = algbw * 2(P-1)/P (nccl-tests)\n");
   Row empty;
   print_heading(fields(empty, f, P));
@@ -185,14 +191,16 @@ int main(int argc, char** argv) {
   const Fits fits = P > 1 ? fit_here(*world, f.iters, strategies) : Fits{};
   if (rank == 0 && P > 1) {
     const Link& a = fits.allreduce;
-    std::printf("# fitted at %d ranks from bare all-reduces of 64 B..1 MiB: alpha %.3g us per "
-                "step, beta %.3g ns/B (%.3g GB/s)\n",
-                P, a.alpha_ring * 1e6, a.beta * 1e9, a.beta > 0 ? 1e-9 / a.beta : 0);
+    std::printf(
+        "# fitted at %d ranks from bare all-reduces of 64 B..1 MiB: alpha %.3g us per "
+        "step, beta %.3g ns/B (%.3g GB/s)\n",
+        P, a.alpha_ring * 1e6, a.beta * 1e9, a.beta > 0 ? 1e-9 / a.beta : 0);
     if (strategies) {
       const Link& g = fits.allgather;
-      std::printf("# fitted at %d ranks from bare all-gathers of 64 B..256 KiB per rank: alpha "
-                  "%.3g us per step, beta %.3g ns/B (%.3g GB/s)\n",
-                  P, g.alpha_ring * 1e6, g.beta * 1e9, g.beta > 0 ? 1e-9 / g.beta : 0);
+      std::printf(
+          "# fitted at %d ranks from bare all-gathers of 64 B..256 KiB per rank: alpha "
+          "%.3g us per step, beta %.3g ns/B (%.3g GB/s)\n",
+          P, g.alpha_ring * 1e6, g.beta * 1e9, g.beta > 0 ? 1e-9 / g.beta : 0);
     }
   }
   if (strategies) {

@@ -113,9 +113,12 @@ bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
       }
     } else if (k == "--dtype") {
       if (!val()) return false;
-      if (v == "fp32") f.cfg.dtype = tpnorm::DType::F32;
-      else if (v == "fp16") f.cfg.dtype = tpnorm::DType::F16;
-      else if (v == "bf16") f.cfg.dtype = tpnorm::DType::BF16;
+      if (v == "fp32")
+        f.cfg.dtype = tpnorm::DType::F32;
+      else if (v == "fp16")
+        f.cfg.dtype = tpnorm::DType::F16;
+      else if (v == "bf16")
+        f.cfg.dtype = tpnorm::DType::BF16;
       else {
         error = "--dtype must be fp32, fp16 or bf16, not '" + v + "'";
         return false;

@@ -10,8 +10,7 @@
 namespace tpnorm_bench {
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double Series::at(double q) const {
@@ -123,9 +122,8 @@ void write_row(const std::vector<Field>& row, const std::string& csv, const std:
   if (!json.empty()) {  // one object per line; the launcher wraps the lines in a list
     std::FILE* out = open_append(json);
     for (size_t i = 0; i < row.size(); ++i)
-      std::fprintf(out, "%s\"%s\": %s%s%s%s", i ? ", " : "{", row[i].name,
-                   row[i].text ? "\"" : "", row[i].value.c_str(), row[i].text ? "\"" : "",
-                   i + 1 < row.size() ? "" : "}\n");
+      std::fprintf(out, "%s\"%s\": %s%s%s%s", i ? ", " : "{", row[i].name, row[i].text ? "\"" : "",
+                   row[i].value.c_str(), row[i].text ? "\"" : "", i + 1 < row.size() ? "" : "}\n");
     std::fclose(out);
   }
 }

@@ -28,8 +28,8 @@ struct Link {
 
 struct Topology {
   std::string name;
-  int gpus_per_node = 1;  // G: ranks per node sharing the intra-node link
-  Link intra, net;        // inside a node / between nodes
+  int gpus_per_node = 1;                // G: ranks per node sharing the intra-node link
+  Link intra, net;                      // inside a node / between nodes
   double base_ring = 0, base_tree = 0;  // fixed latency per collective, seconds
 };
 

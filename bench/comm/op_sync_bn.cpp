@@ -58,8 +58,8 @@ class SyncBnCase : public BenchCase {
   void forward(Communicator& comm) override {
     const Shape c{C_};
     sync_batch_norm_forward(comm, x_.view(shape()), g_.view(c), b_.view(c), view(rm_.data(), c),
-                            view(rv_.data(), c), &tracked_, y_.view(shape()),
-                            view(mean_.data(), c), view(invstd_.data(), c), options());
+                            view(rv_.data(), c), &tracked_, y_.view(shape()), view(mean_.data(), c),
+                            view(invstd_.data(), c), options());
   }
 
   void backward(Communicator& comm) override {
@@ -73,8 +73,8 @@ class SyncBnCase : public BenchCase {
   // summed over the ranks (every rank calls count_wrong) they must match the whole batch's.
   int64_t count_wrong() override {
     auto round = [&](const std::vector<float>& v) { return Buffer(cfg_.dtype, v).floats(); };
-    const auto ref = tpnorm_test::batch_norm_reference(round(X_), N_, C_, S_, round(G_),
-                                                       round(B_), 1e-5, round(DY_));
+    const auto ref = tpnorm_test::batch_norm_reference(round(X_), N_, C_, S_, round(G_), round(B_),
+                                                       1e-5, round(DY_));
     const size_t per = static_cast<size_t>(C_ * S_);
     auto mine = [&](const std::vector<double>& v) {
       return std::vector<double>(v.begin() + n0_ * per, v.begin() + (n0_ + n_) * per);
@@ -94,8 +94,8 @@ class SyncBnCase : public BenchCase {
                                     10 * rt) +
            tpnorm_test::count_wrong("save_mean", mean_, ref.mean, 1e-6, 1e-6) +
            tpnorm_test::count_wrong("save_invstd", invstd_, invstd, 0, 1e-5) +
-           tpnorm_test::count_wrong("dgamma summed", summed(dg_.floats()), ref.dgamma,
-                                    rt * count, rt) +
+           tpnorm_test::count_wrong("dgamma summed", summed(dg_.floats()), ref.dgamma, rt * count,
+                                    rt) +
            tpnorm_test::count_wrong("dbeta summed", summed(db_.floats()), ref.dbeta, rt * count,
                                     rt);
   }

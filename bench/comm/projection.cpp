@@ -21,9 +21,10 @@ void project(const std::vector<Projected>& items, const Fits& fits, int fitted_a
 
   std::FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
   if (out) std::fprintf(out, "name,topology,algo,world,comm_us\n");
-  std::printf("# projected communication time per step (us; all-reduces the faster of ring and "
-              "tree, all-gathers ring; fitted = flat with this job's alpha/beta; h100x8 = nodes "
-              "of 8 on NVLink 4 + one NDR port per GPU; ndr_flat = every rank its own node):\n");
+  std::printf(
+      "# projected communication time per step (us; all-reduces the faster of ring and "
+      "tree, all-gathers ring; fitted = flat with this job's alpha/beta; h100x8 = nodes "
+      "of 8 on NVLink 4 + one NDR port per GPU; ndr_flat = every rank its own node):\n");
   for (const Projected& item : items) {
     for (const Model& m : models) {
       std::printf("#   %-13s %-8s", item.name.c_str(), m.name.c_str());
@@ -32,8 +33,8 @@ void project(const std::vector<Projected>& items, const Fits& fits, int fitted_a
           const double t = plan_seconds(item.plan(P, true), P, m.ar, m.ag, a.algo) +
                            plan_seconds(item.plan(P, false), P, m.ar, m.ag, a.algo);
           if (out)
-            std::fprintf(out, "%s,%s,%s,%d,%.4f\n", item.name.c_str(), m.name.c_str(), a.name,
-                         P, t * 1e6);
+            std::fprintf(out, "%s,%s,%s,%d,%.4f\n", item.name.c_str(), m.name.c_str(), a.name, P,
+                         t * 1e6);
           if (a.algo == Algo::kBest && (P == 8 || P == 64 || P == 1024))
             std::printf(" P%d=%.1f", P, t * 1e6);
         }

@@ -43,9 +43,7 @@ class RowNormCase : public BenchCase {
     rstd_.resize(R_);
   }
 
-  std::string local_shape() const override {
-    return std::to_string(R_) + "x" + std::to_string(h_);
-  }
+  std::string local_shape() const override { return std::to_string(R_) + "x" + std::to_string(h_); }
 
   void forward(tpnorm::Communicator& comm) override {
     const tpnorm::Shape s{R_, h_}, p{h_}, r{R_};
@@ -53,16 +51,14 @@ class RowNormCase : public BenchCase {
       layer_norm_forward(comm, x_.view(s), g_.view(p), b_.view(p), y_.view(s),
                          view(mean_.data(), r), view(rstd_.data(), r), options());
     else
-      rms_norm_forward(comm, x_.view(s), g_.view(p), y_.view(s), view(rstd_.data(), r),
-                       options());
+      rms_norm_forward(comm, x_.view(s), g_.view(p), y_.view(s), view(rstd_.data(), r), options());
   }
 
   void backward(tpnorm::Communicator& comm) override {
     const tpnorm::Shape s{R_, h_}, p{h_}, r{R_};
     if (centered_)
       layer_norm_backward(comm, dy_.view(s), x_.view(s), g_.view(p), view(mean_.data(), r),
-                          view(rstd_.data(), r), dx_.view(s), dg_.view(p), db_.view(p),
-                          options());
+                          view(rstd_.data(), r), dx_.view(s), dg_.view(p), db_.view(p), options());
     else
       rms_norm_backward(comm, dy_.view(s), x_.view(s), g_.view(p), view(rstd_.data(), r),
                         dx_.view(s), dg_.view(p), options());
@@ -72,13 +68,12 @@ class RowNormCase : public BenchCase {
   // to the storage dtype, exactly as the op does.
   int64_t count_wrong() override {
     auto round = [&](const std::vector<float>& v) { return Buffer(cfg_.dtype, v).floats(); };
-    const auto ref = tpnorm_test::row_norm_reference(
-        centered_, round(X_), R_, H_, round(G_), centered_ ? round(B_) : std::vector<float>{},
-        1e-5, round(DY_));
+    const auto ref = tpnorm_test::row_norm_reference(centered_, round(X_), R_, H_, round(G_),
+                                                     centered_ ? round(B_) : std::vector<float>{},
+                                                     1e-5, round(DY_));
     auto cols = [&](const std::vector<double>& m, int64_t rows) {
       std::vector<double> o(static_cast<size_t>(rows * h_));
-      for (int64_t i = 0; i < rows; ++i)
-        std::copy_n(&m[i * H_ + c0_], h_, &o[i * h_]);
+      for (int64_t i = 0; i < rows; ++i) std::copy_n(&m[i * H_ + c0_], h_, &o[i * h_]);
       return o;
     };
     const double rt = tpnorm_test::storage_rtol(cfg_.dtype);

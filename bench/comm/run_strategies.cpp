@@ -76,8 +76,7 @@ StrategyRow run_one(const BenchStrategy& s, const Flags& f, tpnorm::Communicator
 
   for (int i = 0; i < f.iters; ++i) {
     if (rank == 0)
-      std::fprintf(stderr, "\r[bench] world %d  %-13s iteration %d/%d ", P, s.name, i + 1,
-                   f.iters);
+      std::fprintf(stderr, "\r[bench] world %d  %-13s iteration %d/%d ", P, s.name, i + 1, f.iters);
     MPI_Barrier(MPI_COMM_WORLD);
     timed.reset_times();
     const double t0 = now_s();
@@ -132,14 +131,17 @@ int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits
     if (want) chosen.push_back(&s);
   }
   if (rank == 0 && f.header) {
-    std::printf("# tpnorm bench --strategies: LayerNorm x %lldx%lld fp32, hidden sharded over "
-                "the ranks; %d iterations after %d warm-up; one step = forward + backward\n",
-                (long long)f.cfg.rows, (long long)f.cfg.hidden, f.iters, f.warmup);
-    std::printf("# fwdC/bwdC collectives per pass and fwd_B/bwd_B bytes this rank puts in them "
-                "(counted; all-gather: its own block), checked against each strategy's plan; "
-                "wire_B = bytes per rank per step on the wire under ring algorithms\n");
-    std::printf("# times in us per step, median over iterations of the slowest rank; comm = "
-                "inside collectives, compute = total - comm; model = fitted alpha-beta, flat\n");
+    std::printf(
+        "# tpnorm bench --strategies: LayerNorm x %lldx%lld fp32, hidden sharded over "
+        "the ranks; %d iterations after %d warm-up; one step = forward + backward\n",
+        (long long)f.cfg.rows, (long long)f.cfg.hidden, f.iters, f.warmup);
+    std::printf(
+        "# fwdC/bwdC collectives per pass and fwd_B/bwd_B bytes this rank puts in them "
+        "(counted; all-gather: its own block), checked against each strategy's plan; "
+        "wire_B = bytes per rank per step on the wire under ring algorithms\n");
+    std::printf(
+        "# times in us per step, median over iterations of the slowest rank; comm = "
+        "inside collectives, compute = total - comm; model = fitted alpha-beta, flat\n");
     print_heading(fields(*chosen.front(), StrategyRow{}, f, P));
   }
   std::vector<Projected> projected;

@@ -258,9 +258,9 @@ std::vector<Collective> plan_two_pass(const BenchConfig& c, int, int, bool) {
 }
 std::vector<Collective> plan_gather_row(const BenchConfig& c, int P, int rank, bool) {
   const double total = rows(c) * static_cast<double>(c.hidden) * sizeof(float);
-  const double mine = rank < 0 ? total / P
-                               : rows(c) * tpnorm_test::split_even(c.hidden, P).count[rank] *
-                                     sizeof(float);
+  const double mine =
+      rank < 0 ? total / P
+               : rows(c) * tpnorm_test::split_even(c.hidden, P).count[rank] * sizeof(float);
   return {{true, mine, total}};
 }
 std::vector<Collective> plan_gather_stats(const BenchConfig& c, int P, int, bool forward) {

@@ -70,8 +70,7 @@ class TimedCommunicator final : public tpnorm::Communicator {
     leave();
   }
   // A started sum is inside its collective from start to wait.
-  void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count,
-                               tpnorm::DType dtype) override {
+  void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, tpnorm::DType dtype) override {
     enter();
     pending_[id] = inner_.start_all_reduce_sum(buf, count, dtype);
   }

@@ -21,11 +21,14 @@ using Call = std::function<void(int threads)>;
 
 /// [in] make: allocates and fills the op's buffers when its benchmark starts (not at
 /// registration, so only one case's tensors are alive at a time) and returns the call.
-void add_op(const std::string& op, const std::string& pass, const std::string& shape,
-            int64_t bytes, std::function<Call()> make);
+void add_op(const std::string& op, const std::string& pass, const std::string& shape, int64_t bytes,
+            std::function<Call()> make);
 
 /// Registers from a namespace-scope initialiser: `static const bool r = tpnorm_perf::on_load(f);`
-inline bool on_load(void (*f)()) { f(); return true; }
+inline bool on_load(void (*f)()) {
+  f();
+  return true;
+}
 
 /// Cheap deterministic inputs of n elements each: x around 3.5 (mean != 0), dy around 0.
 inline void fill_inputs(int64_t n, std::vector<float>& x, std::vector<float>& dy) {

@@ -18,8 +18,16 @@ struct Buffers {
   std::unique_ptr<tpnorm::Communicator> comm = tpnorm::make_single_communicator();
   tpnorm::BatchNormOptions opt;
   Buffers(Shape s, int64_t c, tpnorm::Layout layout)
-      : xs(s), out(s.numel()), gamma(c, 1.25f), beta(c, 0.5f), dgamma(c), dbeta(c),
-        run_mean(c, 0.0f), run_var(c, 1.0f), mean(c, 3.5f), invstd(c, 3.4f) {
+      : xs(s),
+        out(s.numel()),
+        gamma(c, 1.25f),
+        beta(c, 0.5f),
+        dgamma(c),
+        dbeta(c),
+        run_mean(c, 0.0f),
+        run_var(c, 1.0f),
+        mean(c, 3.5f),
+        invstd(c, 3.4f) {
     tpnorm_perf::fill_inputs(s.numel(), x, dy);
     opt.layout = layout;
   }
@@ -39,8 +47,7 @@ void add_batch_norm(tpnorm::Layout layout) {
       tpnorm::sync_batch_norm_forward(
           *b->comm, view(b->x.data(), b->xs), view(b->gamma.data(), cs), view(b->beta.data(), cs),
           view(b->run_mean.data(), cs), view(b->run_var.data(), cs), nullptr,
-          view(b->out.data(), b->xs), view(b->mean.data(), cs), view(b->invstd.data(), cs),
-          b->opt);
+          view(b->out.data(), b->xs), view(b->mean.data(), cs), view(b->invstd.data(), cs), b->opt);
     };
   });
   tpnorm_perf::add_op("SyncBN", "backward", shape, 3 * bytes, [=]() -> tpnorm_perf::Call {
@@ -49,10 +56,9 @@ void add_batch_norm(tpnorm::Layout layout) {
       const Shape cs{static_cast<int64_t>(b->gamma.size())};
       b->opt.num_threads = t;
       tpnorm::sync_batch_norm_backward(
-          *b->comm, view(b->dy.data(), b->xs), view(b->x.data(), b->xs),
-          view(b->gamma.data(), cs), view(b->mean.data(), cs), view(b->invstd.data(), cs),
-          view(b->out.data(), b->xs), view(b->dgamma.data(), cs), view(b->dbeta.data(), cs),
-          b->opt);
+          *b->comm, view(b->dy.data(), b->xs), view(b->x.data(), b->xs), view(b->gamma.data(), cs),
+          view(b->mean.data(), cs), view(b->invstd.data(), cs), view(b->out.data(), b->xs),
+          view(b->dgamma.data(), cs), view(b->dbeta.data(), cs), b->opt);
     };
   });
 }

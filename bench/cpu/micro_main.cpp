@@ -37,8 +37,8 @@ std::string case_name(const Case& c, int t) {
   return c.op + "/" + c.pass + "/" + c.shape + "/threads:" + std::to_string(t);
 }
 std::string limit_name(const char* kind, int64_t bytes, int t) {
-  return std::string("limit/") + kind + "/" + std::to_string(bytes >> 20) + "MiB/threads:" +
-         std::to_string(t);
+  return std::string("limit/") + kind + "/" + std::to_string(bytes >> 20) +
+         "MiB/threads:" + std::to_string(t);
 }
 
 struct Aligned {
@@ -85,11 +85,11 @@ void register_all() {
   for (const Case& c : cases()) {
     for (int t : kThreads) {
       clock(t, benchmark::RegisterBenchmark(case_name(c, t).c_str(), [c, t](benchmark::State& st) {
-        const Call call = c.make();
-        call(t);  // warm-up: first touch of the output pages
-        for (auto _ : st) call(t);
-        st.SetBytesProcessed(st.iterations() * c.bytes);
-      }));
+              const Call call = c.make();
+              call(t);  // warm-up: first touch of the output pages
+              for (auto _ : st) call(t);
+              st.SetBytesProcessed(st.iterations() * c.bytes);
+            }));
       if (!limits.insert({c.bytes, t}).second) continue;
       for (bool s : {false, true})
         clock(t, benchmark::RegisterBenchmark(
@@ -108,7 +108,8 @@ class Collect : public benchmark::ConsoleReporter {
       const bool median = r.aggregate_name == "median";
       std::string name = r.run_name.str();
       const std::string suffix = "/real_time";  // added by UseRealTime()
-      if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      if (name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
         name.resize(name.size() - suffix.size());
       auto it = r.counters.find("bytes_per_second");
       if (it == r.counters.end()) continue;
@@ -142,20 +143,21 @@ void print_table(const std::map<std::string, double>& m) {
       if (t > 1 && l1 > 0) std::snprintf(copy_scale, sizeof copy_scale, "%.2fx", lim / l1);
       std::printf("%-10s %-9s %-11s %3d %7.1f %7.1f %7.1f %5.0f%% %7s %7s\n", c.op.c_str(),
                   c.pass.c_str(), c.shape.c_str(), t, g, get(m, limit_name("memcpy", c.bytes, t)),
-                  get(m, limit_name("stream", c.bytes, t)), lim > 0 ? 100 * g / lim : 0.0,
-                  op_scale, copy_scale);
+                  get(m, limit_name("stream", c.bytes, t)), lim > 0 ? 100 * g / lim : 0.0, op_scale,
+                  copy_scale);
     }
   }
-  std::printf("GB/s: median over repetitions, bytes = the op's minimum traffic; 1 thread by its "
-              "CPU time, 2 threads by wall time.\nratio = op / max(memcpy, stream) over the same "
-              "bytes at the same threads (the memory limit).\n"
-              "op2/1, copy2/1: 2 threads over 1 for the op and for the memory limit.\n");
+  std::printf(
+      "GB/s: median over repetitions, bytes = the op's minimum traffic; 1 thread by its "
+      "CPU time, 2 threads by wall time.\nratio = op / max(memcpy, stream) over the same "
+      "bytes at the same threads (the memory limit).\n"
+      "op2/1, copy2/1: 2 threads over 1 for the op and for the memory limit.\n");
 }
 
 }  // namespace
 
-void add_op(const std::string& op, const std::string& pass, const std::string& shape,
-            int64_t bytes, std::function<Call()> make) {
+void add_op(const std::string& op, const std::string& pass, const std::string& shape, int64_t bytes,
+            std::function<Call()> make) {
   cases().push_back({op, pass, shape, bytes, std::move(make)});
 }
 

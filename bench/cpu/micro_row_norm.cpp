@@ -18,8 +18,15 @@ struct Buffers {
   std::vector<float> x, dy, out, gamma, beta, dgamma, dbeta, mean, rstd;
   std::unique_ptr<tpnorm::Communicator> comm = tpnorm::make_single_communicator();
   Buffers(int64_t r, int64_t c)
-      : rows(r), h(c), out(r * c), gamma(c, 1.25f), beta(c, 0.5f), dgamma(c), dbeta(c),
-        mean(r), rstd(r) {
+      : rows(r),
+        h(c),
+        out(r * c),
+        gamma(c, 1.25f),
+        beta(c, 0.5f),
+        dgamma(c),
+        dbeta(c),
+        mean(r),
+        rstd(r) {
     tpnorm_perf::fill_inputs(r * c, x, dy);
   }
   Shape xs() const { return Shape{rows, h}; }
@@ -58,11 +65,10 @@ void add_row_norm(bool centered, int64_t rows, int64_t h,
     return [b, centered](int t) {
       const Shape s = b->xs(), hs{b->h}, rs{b->rows};
       if (centered)
-        tpnorm::layer_norm_backward(*b->comm, view(b->dy.data(), s), view(b->x.data(), s),
-                                    view(b->gamma.data(), hs), view(b->mean.data(), rs),
-                                    view(b->rstd.data(), rs), view(b->out.data(), s),
-                                    view(b->dgamma.data(), hs), view(b->dbeta.data(), hs),
-                                    b->opt(t));
+        tpnorm::layer_norm_backward(
+            *b->comm, view(b->dy.data(), s), view(b->x.data(), s), view(b->gamma.data(), hs),
+            view(b->mean.data(), rs), view(b->rstd.data(), rs), view(b->out.data(), s),
+            view(b->dgamma.data(), hs), view(b->dbeta.data(), hs), b->opt(t));
       else
         tpnorm::rms_norm_backward(*b->comm, view(b->dy.data(), s), view(b->x.data(), s),
                                   view(b->gamma.data(), hs), view(b->rstd.data(), rs),

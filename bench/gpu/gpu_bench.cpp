@@ -107,8 +107,7 @@ void print_json(FILE* f, const std::vector<Result>& rs, const char* device, cons
     for (size_t k = 0; k < c.traffic.kernels.size(); ++k) {
       const KernelBytes& kb = c.traffic.kernels[k];
       std::fprintf(f, "%s{\"kernel\": \"%s\", \"read\": %lld, \"written\": %lld}", k ? ", " : "",
-                   kb.kernel, static_cast<long long>(kb.read),
-                   static_cast<long long>(kb.written));
+                   kb.kernel, static_cast<long long>(kb.read), static_cast<long long>(kb.written));
     }
     std::fprintf(f, "]}%s\n", i + 1 < rs.size() ? "," : "");
   }
@@ -198,8 +197,8 @@ int main(int argc, char** argv) {
   std::printf("gpu_bench: %s, comm %s (world size 1), median of %d calls; MB = 1e6 bytes\n",
               prop.name, comm_name, iters);
   std::printf("%-10s %-8s %-5s %-13s %8s %9s %7s %8s %6s %8s %8s %9s %8s %8s\n", "op", "pass",
-              "dtype", "shape", "min_MB", "ms", "GB/s", "copyGB/s", "ofcopy", "kern_MB",
-              "kern/min", "local_ms", "ar_ms", "call/sum");
+              "dtype", "shape", "min_MB", "ms", "GB/s", "copyGB/s", "ofcopy", "kern_MB", "kern/min",
+              "local_ms", "ar_ms", "call/sum");
   std::vector<Result> results;
   std::vector<std::unique_ptr<Case>> cases;
   int64_t tracked = 0;
@@ -228,24 +227,20 @@ int main(int argc, char** argv) {
       rms.centered = false;
       rms.beta = rms.dbeta = rms.save_mean = false;
       const size_t r2 = static_cast<size_t>(2 * R), r1 = static_cast<size_t>(R);
-      add({"LayerNorm", "forward", shape, 2 * ns, r2, row_forward_traffic(t),
-           [=](Communicator& c) {
-             layer_norm_forward(c, v(x, sx), v(g, sp), v(b, sp), v(y, sx), f(mean, R),
-                                f(rstd, R));
+      add({"LayerNorm", "forward", shape, 2 * ns, r2, row_forward_traffic(t), [=](Communicator& c) {
+             layer_norm_forward(c, v(x, sx), v(g, sp), v(b, sp), v(y, sx), f(mean, R), f(rstd, R));
            }});
       add({"LayerNorm", "backward", shape, 3 * ns, r2, row_backward_traffic(t),
            [=](Communicator& c) {
              layer_norm_backward(c, v(dy, sx), v(x, sx), v(g, sp), f(mean, R), f(rstd, R),
                                  v(dx, sx), v(dg, sp), v(db, sp));
            }});
-      add({"RMSNorm", "forward", shape, 2 * ns, r1, row_forward_traffic(rms),
-           [=](Communicator& c) {
+      add({"RMSNorm", "forward", shape, 2 * ns, r1, row_forward_traffic(rms), [=](Communicator& c) {
              rms_norm_forward(c, v(x, sx), v(g, sp), v(y, sx), f(rstd, R));
            }});
       add({"RMSNorm", "backward", shape, 3 * ns, r1, row_backward_traffic(rms),
            [=](Communicator& c) {
-             rms_norm_backward(c, v(dy, sx), v(x, sx), v(g, sp), f(rstd, R), v(dx, sx),
-                               v(dg, sp));
+             rms_norm_backward(c, v(dy, sx), v(x, sx), v(g, sp), f(rstd, R), v(dx, sx), v(dg, sp));
            }});
     }
     for (Layout lay : {Layout::kNCHW, Layout::kChannelsLast}) {
@@ -267,12 +262,10 @@ int main(int argc, char** argv) {
       const char* name = cl ? "SyncBN-CL" : "SyncBN";
       add({name, "forward", shape, 2 * ns, pay, bn_forward_traffic(t),
            [=, &tracked](Communicator& c) {
-             sync_batch_norm_forward(c, v(x, bs), v(g, sc), v(b, sc), f(rmean, bn_c),
-                                     f(rvar, bn_c), &tracked, v(y, bs), f(mean, bn_c),
-                                     f(rstd, bn_c), o);
+             sync_batch_norm_forward(c, v(x, bs), v(g, sc), v(b, sc), f(rmean, bn_c), f(rvar, bn_c),
+                                     &tracked, v(y, bs), f(mean, bn_c), f(rstd, bn_c), o);
            }});
-      add({name, "backward", shape, 3 * ns, pay, bn_backward_traffic(t),
-           [=](Communicator& c) {
+      add({name, "backward", shape, 3 * ns, pay, bn_backward_traffic(t), [=](Communicator& c) {
              sync_batch_norm_backward(c, v(dy, bs), v(x, bs), v(g, sc), f(mean, bn_c),
                                       f(rstd, bn_c), v(dx, bs), v(dg, sc), v(db, sc), o);
            }});
@@ -290,12 +283,12 @@ int main(int argc, char** argv) {
         comm.all_reduce_sum(ar, header_values + c->payload_values, DType::F64);
       });
       const double gbs = c->min_bytes / (r.ms * 1e6), cgbs = c->min_bytes / (r.copy_ms * 1e6);
-      std::printf("%-10s %-8s %-5s %-13s %8.1f %9.4f %7.0f %8.0f %5.0f%% %8.1f %8.2f %9.4f %8.4f "
-                  "%8.2f\n",
-                  c->op.c_str(), c->pass.c_str(), r.dtype, c->shape.c_str(), c->min_bytes / 1e6,
-                  r.ms, gbs, cgbs, 100.0 * gbs / cgbs, c->traffic.total() / 1e6,
-                  c->traffic.total() / c->min_bytes, r.local_ms, r.ar_ms,
-                  r.ms / (r.local_ms + r.ar_ms));
+      std::printf(
+          "%-10s %-8s %-5s %-13s %8.1f %9.4f %7.0f %8.0f %5.0f%% %8.1f %8.2f %9.4f %8.4f "
+          "%8.2f\n",
+          c->op.c_str(), c->pass.c_str(), r.dtype, c->shape.c_str(), c->min_bytes / 1e6, r.ms, gbs,
+          cgbs, 100.0 * gbs / cgbs, c->traffic.total() / 1e6, c->traffic.total() / c->min_bytes,
+          r.local_ms, r.ar_ms, r.ms / (r.local_ms + r.ar_ms));
       std::fflush(stdout);
       results.push_back(r);
     }

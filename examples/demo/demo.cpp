@@ -94,10 +94,11 @@ int main(int argc, char** argv) {
   const auto x = cols(X, R, H, c0, h), dy = cols(DY, R, H, c0, h), g = cols(G, 1, H, c0, h),
              b = cols(B, 1, H, c0, h);
   if (rank == 0)
-    std::printf("tpnorm demo: %d ranks, x [%lld, %lld] float32, hidden sharded %lld..%lld "
-                "columns per rank, %d iterations\n",
-                P, static_cast<long long>(R), static_cast<long long>(H),
-                static_cast<long long>(H / P), static_cast<long long>((H + P - 1) / P), a.iters);
+    std::printf(
+        "tpnorm demo: %d ranks, x [%lld, %lld] float32, hidden sharded %lld..%lld "
+        "columns per rank, %d iterations\n",
+        P, static_cast<long long>(R), static_cast<long long>(H), static_cast<long long>(H / P),
+        static_cast<long long>((H + P - 1) / P), a.iters);
   if (rank == 0)
     std::printf("%-10s %-9s %14s %16s %12s\n", "op", "pass", "max|diff|", "bytes/rank/call",
                 "ms/call");
@@ -149,15 +150,15 @@ int main(int argc, char** argv) {
         median_seconds(a.iters, [&] { bwd(*world, dy, x, g, mean, rstd, dx, dg, db, h); });
     if (rank == 0) {
       std::printf("%-10s %-9s %14.3g %16.0f %12.3f\n", name, "forward", dfwd, fwd_bytes, tf * 1e3);
-      std::printf("%-10s %-9s %14.3g %16.0f %12.3f\n", name, "backward", dbwd, bwd_bytes,
-                  tb * 1e3);
+      std::printf("%-10s %-9s %14.3g %16.0f %12.3f\n", name, "backward", dbwd, bwd_bytes, tb * 1e3);
     }
     if (!(dfwd < 1e-4 && dbwd < 1e-3)) failures++;
   }
   if (rank == 0)
-    std::printf("max|diff| is against the same op on the full input in one process "
-                "(tolerance 1e-4 forward, 1e-3 backward): %s\n",
-                failures ? "FAILED" : "ok");
+    std::printf(
+        "max|diff| is against the same op on the full input in one process "
+        "(tolerance 1e-4 forward, 1e-3 backward): %s\n",
+        failures ? "FAILED" : "ok");
   failures += demo_sync_batch_norm(*world, rank, P);
   MPI_Finalize();
   return failures ? 1 : 0;

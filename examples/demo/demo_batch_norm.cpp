@@ -2,13 +2,13 @@
 // uneven per-rank batches (6, 0, 10, 2, ... images; a rank may hold none), channels-last,
 // three training steps and one eval step through the SyncBatchNorm module, compared with the
 // same module on the concatenated batch in one process.
+#include <mpi.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
-
-#include <mpi.h>
 
 #include "tpnorm/sync_batch_norm.h"
 
@@ -49,8 +49,10 @@ int demo_sync_batch_norm(Communicator& world, int rank, int P) {
   SyncBatchNorm bn(world, C, DType::F32, opt), ref(*single, C, DType::F32, opt);
   const Shape xs{n[rank], H, W, C}, full{N, H, W, C};
   if (rank == 0) {
-    std::printf("\nSyncBatchNorm: %d ranks, x [N, %lld, %lld, %lld] channels-last float32, "
-                "images per rank:", P, (long long)H, (long long)W, (long long)C);
+    std::printf(
+        "\nSyncBatchNorm: %d ranks, x [N, %lld, %lld, %lld] channels-last float32, "
+        "images per rank:",
+        P, (long long)H, (long long)W, (long long)C);
     for (int p = 0; p < P; ++p) std::printf(" %lld", (long long)n[p]);
     std::printf("\n%-6s %14s %14s %16s\n", "step", "max|diff| y", "max|diff| dx", "bytes/rank");
   }
@@ -81,8 +83,9 @@ int demo_sync_batch_norm(Communicator& world, int rank, int P) {
   MPI_Allreduce(MPI_IN_PLACE, &stats, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   worst = std::max(worst, stats);
   if (rank == 0)
-    std::printf("running stats max|diff| %.3g; against the module on the concatenated batch in "
-                "one process (tolerance 1e-4): %s\n",
-                stats, worst < 1e-4 ? "ok" : "FAILED");
+    std::printf(
+        "running stats max|diff| %.3g; against the module on the concatenated batch in "
+        "one process (tolerance 1e-4): %s\n",
+        stats, worst < 1e-4 ? "ok" : "FAILED");
   return worst < 1e-4 ? 0 : 1;
 }

@@ -161,11 +161,10 @@ struct ShardedNorm {
                                 view(dx.data(), Shape{T, n}), view(dgamma.data(), Shape{n}),
                                 tp.opt);
     else
-      tpnorm::layer_norm_backward(*tp.norm_comm, view(dy.data(), Shape{T, n}),
-                                  view(h.data(), Shape{T, n}), g(n), view(mean.data(), Shape{T}),
-                                  view(rstd.data(), Shape{T}), view(dx.data(), Shape{T, n}),
-                                  view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}),
-                                  tp.opt);
+      tpnorm::layer_norm_backward(
+          *tp.norm_comm, view(dy.data(), Shape{T, n}), view(h.data(), Shape{T, n}), g(n),
+          view(mean.data(), Shape{T}), view(rstd.data(), Shape{T}), view(dx.data(), Shape{T, n}),
+          view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}), tp.opt);
     return dx;
   }
 
@@ -181,10 +180,9 @@ struct ShardedNorm {
                                          view(h.data(), s), view(y.data(), s),
                                          view(rstd.data(), Shape{T}), tp.opt);
     else
-      tpnorm::fused_add_layer_norm_forward(*tp.norm_comm, cview(x, s), cview(f, s), alpha, g(n),
-                                           b(n), view(h.data(), s), view(y.data(), s),
-                                           view(mean.data(), Shape{T}),
-                                           view(rstd.data(), Shape{T}), tp.opt);
+      tpnorm::fused_add_layer_norm_forward(
+          *tp.norm_comm, cview(x, s), cview(f, s), alpha, g(n), b(n), view(h.data(), s),
+          view(y.data(), s), view(mean.data(), Shape{T}), view(rstd.data(), Shape{T}), tp.opt);
     return y;
   }
   // Given dL/dy and dh_extra (dL/dh from h's other uses; empty: none), returns {dL/dx, dL/df}.
@@ -194,16 +192,14 @@ struct ShardedNorm {
     const tpnorm::TensorView extra = dh_extra.empty() ? tpnorm::TensorView{} : cview(dh_extra, s);
     Vec dx(dy.size()), df(dy.size());
     if (rms)
-      tpnorm::fused_add_rms_norm_backward(*tp.norm_comm, cview(dy, s), extra, view(h.data(), s),
-                                          g(n), view(rstd.data(), Shape{T}), alpha,
-                                          view(dx.data(), s), view(df.data(), s),
-                                          view(dgamma.data(), Shape{n}), tp.opt);
+      tpnorm::fused_add_rms_norm_backward(
+          *tp.norm_comm, cview(dy, s), extra, view(h.data(), s), g(n), view(rstd.data(), Shape{T}),
+          alpha, view(dx.data(), s), view(df.data(), s), view(dgamma.data(), Shape{n}), tp.opt);
     else
       tpnorm::fused_add_layer_norm_backward(
-          *tp.norm_comm, cview(dy, s), extra, view(h.data(), s), g(n),
-          view(mean.data(), Shape{T}), view(rstd.data(), Shape{T}), alpha, view(dx.data(), s),
-          view(df.data(), s), view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}),
-          tp.opt);
+          *tp.norm_comm, cview(dy, s), extra, view(h.data(), s), g(n), view(mean.data(), Shape{T}),
+          view(rstd.data(), Shape{T}), alpha, view(dx.data(), s), view(df.data(), s),
+          view(dgamma.data(), Shape{n}), view(dbeta.data(), Shape{n}), tp.opt);
     return {dx, df};
   }
 
@@ -302,8 +298,7 @@ struct Model {
     const size_t L = mlps.size();
     if (arch != Arch::kPre) {
       Vec h = x;
-      for (size_t l = 0; l < L; ++l)
-        h = norms[l].add_forward(tp, h, mlps[l].forward(tp, h), alpha);
+      for (size_t l = 0; l < L; ++l) h = norms[l].add_forward(tp, h, mlps[l].forward(tp, h), alpha);
       return h;
     }
     Vec y = norms[0].forward(tp, x);
@@ -380,10 +375,11 @@ int main(int argc, char** argv) {
 
   Model model(tp, arch, rms, F, layers);
   if (tp.rank == 0)
-    std::printf("tp_transformer_block: %d ranks, arch %s, %s, %s statistics, T=%lld H=%lld "
-                "F=%lld, %d layers\n",
-                tp.P, arch_name.c_str(), norm_name.c_str(), tp.exact ? "exact" : "robust",
-                (long long)tp.T, (long long)tp.H, (long long)F, layers);
+    std::printf(
+        "tp_transformer_block: %d ranks, arch %s, %s, %s statistics, T=%lld H=%lld "
+        "F=%lld, %d layers\n",
+        tp.P, arch_name.c_str(), norm_name.c_str(), tp.exact ? "exact" : "robust", (long long)tp.T,
+        (long long)tp.H, (long long)F, layers);
 
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {

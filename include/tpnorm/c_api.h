@@ -77,9 +77,11 @@ typedef struct {
   int check_agreement;  /* nonzero: fold a fingerprint of the call into the collective */
   int num_threads;      /* CPU threads per rank; 0 = OpenMP's default */
 } tpnorm_batch_norm_options_t;
-#define TPNORM_BATCH_NORM_OPTIONS_INITIALIZER                                                  \
-  { sizeof(tpnorm_batch_norm_options_t), TPNORM_BATCH_NORM_OPTIONS_VERSION, 1e-5, 0.1, 1,     \
-    TPNORM_LAYOUT_NCHW, TPNORM_STATS_ROBUST, 1, 0 }
+#define TPNORM_BATCH_NORM_OPTIONS_INITIALIZER                                             \
+  {                                                                                       \
+    sizeof(tpnorm_batch_norm_options_t), TPNORM_BATCH_NORM_OPTIONS_VERSION, 1e-5, 0.1, 1, \
+        TPNORM_LAYOUT_NCHW, TPNORM_STATS_ROBUST, 1, 0                                     \
+  }
 
 typedef struct tpnorm_comm_s* tpnorm_comm_t;
 
@@ -103,8 +105,7 @@ tpnorm_status_t tpnorm_comm_size(tpnorm_comm_t comm, int* size);
 tpnorm_status_t tpnorm_layer_norm_forward(tpnorm_comm_t comm, tpnorm_dtype_t dtype, int64_t rows,
                                           int64_t hidden_local, const void* x, const void* gamma,
                                           const void* beta, void* y, tpnorm_dtype_t stats_dtype,
-                                          void* mean, void* rstd,
-                                          const tpnorm_norm_options_t* opt);
+                                          void* mean, void* rstd, const tpnorm_norm_options_t* opt);
 tpnorm_status_t tpnorm_layer_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtype, int64_t rows,
                                            int64_t hidden_local, const void* dy, const void* x,
                                            const void* gamma, tpnorm_dtype_t stats_dtype,
@@ -126,16 +127,19 @@ tpnorm_status_t tpnorm_rms_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtyp
  * `dtype` or NULL (affine off); running_mean / running_var [C] in `stats_dtype` or NULL (no
  * running statistics); num_batches_tracked may be NULL unless momentum is NAN; save_mean /
  * save_invstd [C] in `stats_dtype`, written by the forward and read by the backward. */
-tpnorm_status_t tpnorm_sync_batch_norm_forward(
-    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim, const int64_t* shape, const void* x,
-    const void* gamma, const void* beta, tpnorm_dtype_t stats_dtype, void* running_mean,
-    void* running_var, int64_t* num_batches_tracked, void* y, void* save_mean, void* save_invstd,
-    const tpnorm_batch_norm_options_t* opt);
-tpnorm_status_t tpnorm_sync_batch_norm_backward(
-    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim, const int64_t* shape, const void* dy,
-    const void* x, const void* gamma, tpnorm_dtype_t stats_dtype, const void* save_mean,
-    const void* save_invstd, void* dx, void* dgamma, void* dbeta,
-    const tpnorm_batch_norm_options_t* opt);
+tpnorm_status_t tpnorm_sync_batch_norm_forward(tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim,
+                                               const int64_t* shape, const void* x,
+                                               const void* gamma, const void* beta,
+                                               tpnorm_dtype_t stats_dtype, void* running_mean,
+                                               void* running_var, int64_t* num_batches_tracked,
+                                               void* y, void* save_mean, void* save_invstd,
+                                               const tpnorm_batch_norm_options_t* opt);
+tpnorm_status_t tpnorm_sync_batch_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim,
+                                                const int64_t* shape, const void* dy, const void* x,
+                                                const void* gamma, tpnorm_dtype_t stats_dtype,
+                                                const void* save_mean, const void* save_invstd,
+                                                void* dx, void* dgamma, void* dbeta,
+                                                const tpnorm_batch_norm_options_t* opt);
 
 #ifdef __cplusplus
 }

@@ -16,8 +16,7 @@ extern "C" {
 #endif
 
 /* One rank on CUDA device `device`, on `stream` (NULL: the default stream). */
-tpnorm_status_t tpnorm_comm_create_cuda_single(cudaStream_t stream, int device,
-                                               tpnorm_comm_t* out);
+tpnorm_status_t tpnorm_comm_create_cuda_single(cudaStream_t stream, int device, tpnorm_comm_t* out);
 /* Collective over MPI_Comm_f2c(fortran_comm): device buffers reduced through host memory over
  * MPI (any number of ranks per GPU; for tests, not speed). */
 tpnorm_status_t tpnorm_comm_create_mpi_staged_cuda_fortran(int fortran_comm, cudaStream_t stream,

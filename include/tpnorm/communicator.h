@@ -79,7 +79,9 @@ class Communicator {
   /// non-blocking and runs under the call's partial phase, and 16 on the others (single-process,
   /// device communicators, whose check is a blocking host collective).
   void set_strict_calls(int64_t n) { strict_calls_ = n; }
-  bool strict_now() const { return strict_calls_ < 0 || static_cast<int64_t>(sequence_) <= strict_calls_; }
+  bool strict_now() const {
+    return strict_calls_ < 0 || static_cast<int64_t>(sequence_) <= strict_calls_;
+  }
 
   /// Watchdog: a collective still unfinished after `seconds` (a rank died or stopped calling)
   /// ends the WHOLE job (MPI_Abort / ncclCommAbort) with a message on stderr naming the op,

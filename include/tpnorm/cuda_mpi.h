@@ -42,8 +42,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
 /// Watchdog: the wait for the stream and the MPI all-reduce (MPI_Iallreduce polled with
 /// MPI_Test) are polled against Communicator::timeout(); an overdue one ends the job with
 /// MPI_Abort (exit status 124) and the watchdog's message.
-std::unique_ptr<Communicator> make_mpi_staged_cuda_communicator(MPI_Comm comm,
-                                                                cudaStream_t stream, int device);
+std::unique_ptr<Communicator> make_mpi_staged_cuda_communicator(MPI_Comm comm, cudaStream_t stream,
+                                                                int device);
 
 /// A GPU for this rank when several ranks may share the visible GPUs (the MPI-staged
 /// communicator's tests): the node-local rank modulo the visible GPU count (collective).

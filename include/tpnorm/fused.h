@@ -46,8 +46,8 @@ namespace tpnorm {
 /// Transformers to 1,000 Layers", 2022, arXiv:2203.00555, table 1; the same constants as its
 /// authors' reference code, torchscale). N = encoder layers, M = decoder layers.
 enum class DeepNormStack : int32_t {
-  kEncoderOnly = 0,            ///< encoder-only model (BERT-like):  alpha = (2N)^(1/4)
-  kDecoderOnly = 1,            ///< decoder-only model (GPT-like):   alpha = (2M)^(1/4)
+  kEncoderOnly = 0,              ///< encoder-only model (BERT-like):  alpha = (2N)^(1/4)
+  kDecoderOnly = 1,              ///< decoder-only model (GPT-like):   alpha = (2M)^(1/4)
   kEncoderOfEncoderDecoder = 2,  ///< encoder of an encoder-decoder: alpha = 0.81 (N^4 M)^(1/16)
   kDecoderOfEncoderDecoder = 3,  ///< decoder of an encoder-decoder: alpha = (3M)^(1/4)
 };

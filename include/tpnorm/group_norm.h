@@ -18,11 +18,11 @@
 // the partials of EVERY (sample, group), N * G * 2 values (+ the call header H = 10 or 2), of
 // the wire type (float64 robust / float32 naive), zeros for groups this rank holds no channel
 // of; Stats::kExact sends N * G * 15 int64 forward and N * G * 11 backward (the integer sums
-// that give the same bits at every world size, see tpnorm/norm.h). Cost: each rank sends about P times the values it owns (a rank touches roughly G/P + 1
-// groups), in exchange for one latency-bound collective whose layout is the same on every
-// rank. Sending only touched groups would need per-group sub-communicators or point-to-point
-// messages (many latency-bound steps), and N*G*2 values are small next to the activations
-// (N = 32, G = 32: 16 KiB in float64).
+// that give the same bits at every world size, see tpnorm/norm.h). Cost: each rank sends about P
+// times the values it owns (a rank touches roughly G/P + 1 groups), in exchange for one
+// latency-bound collective whose layout is the same on every rank. Sending only touched groups
+// would need per-group sub-communicators or point-to-point messages (many latency-bound steps), and
+// N*G*2 values are small next to the activations (N = 32, G = 32: 16 KiB in float64).
 //
 // Ranks must agree on N, C, G, S, dtype, eps, the stats mode and gamma/beta presence. Each
 // slice must lie inside [0, C) and the slices' channel counts must add up to C (checked on the

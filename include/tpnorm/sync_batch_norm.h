@@ -46,7 +46,9 @@ class SyncBatchNorm {
 
  private:
   TensorView param(std::vector<unsigned char>& bytes);
-  TensorView stat(std::vector<float>& v) { return v.empty() ? TensorView{} : view(v.data(), {channels_}); }
+  TensorView stat(std::vector<float>& v) {
+    return v.empty() ? TensorView{} : view(v.data(), {channels_});
+  }
 
   Communicator& comm_;
   int64_t channels_;

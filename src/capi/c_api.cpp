@@ -2,8 +2,6 @@
 // become TensorViews, exceptions become status codes plus a per-thread message.
 #include "tpnorm/c_api.h"
 
-#include "capi/c_api_common.h"
-
 #include <mpi.h>
 
 #include <cstddef>
@@ -13,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "capi/c_api_common.h"
 #include "tpnorm/batch_norm.h"
 #include "tpnorm/error.h"
 #include "tpnorm/mpi.h"
@@ -39,10 +38,10 @@ using tpnorm::capi::guarded;
 // Options structs: the fields the caller's struct has (its `size`) are read, the rest keep
 // their defaults. A struct that was never initialised becomes eps = NaN: the call still reaches
 // its collective and fails on every rank together, instead of returning early on one rank.
-#define TPNORM_READ_FIELD(o, field, dst)                                                  \
-  do {                                                                                    \
-    using S_ = std::remove_cv_t<std::remove_pointer_t<decltype(o)>>;                      \
-    if ((o)->size >= offsetof(S_, field) + sizeof((o)->field)) dst = (o)->field;          \
+#define TPNORM_READ_FIELD(o, field, dst)                                         \
+  do {                                                                           \
+    using S_ = std::remove_cv_t<std::remove_pointer_t<decltype(o)>>;             \
+    if ((o)->size >= offsetof(S_, field) + sizeof((o)->field)) dst = (o)->field; \
   } while (0)
 
 template <class C, class R>
@@ -68,8 +67,8 @@ tpnorm::NormOptions options(const tpnorm_norm_options_t* o) {
 tpnorm::BatchNormOptions options(const tpnorm_batch_norm_options_t* o) {
   tpnorm::BatchNormOptions r;
   if (!o || !initialised(o, r)) return r;
-  int training = r.training, layout = static_cast<int>(r.layout),
-      stats = static_cast<int>(r.stats), check = r.check_agreement;
+  int training = r.training, layout = static_cast<int>(r.layout), stats = static_cast<int>(r.stats),
+      check = r.check_agreement;
   TPNORM_READ_FIELD(o, eps, r.eps);
   TPNORM_READ_FIELD(o, momentum, r.momentum);
   TPNORM_READ_FIELD(o, training, training);
@@ -227,27 +226,29 @@ tpnorm_status_t tpnorm_rms_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtyp
   });
 }
 
-tpnorm_status_t tpnorm_sync_batch_norm_forward(
-    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim, const int64_t* shape, const void* x,
-    const void* gamma, const void* beta, tpnorm_dtype_t sd, void* running_mean, void* running_var,
-    int64_t* num_batches_tracked, void* y, void* save_mean, void* save_invstd,
-    const tpnorm_batch_norm_options_t* opt) {
+tpnorm_status_t tpnorm_sync_batch_norm_forward(tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim,
+                                               const int64_t* shape, const void* x,
+                                               const void* gamma, const void* beta,
+                                               tpnorm_dtype_t sd, void* running_mean,
+                                               void* running_var, int64_t* num_batches_tracked,
+                                               void* y, void* save_mean, void* save_invstd,
+                                               const tpnorm_batch_norm_options_t* opt) {
   return guarded([&] {
     const ViewsOn on(comm);
     const BatchNormShape b(ndim, shape, opt);
-    tpnorm::sync_batch_norm_forward(*get(comm), req(x, dtype, b.s), b.channel(gamma, dtype),
-                                    b.channel(beta, dtype), b.channel(running_mean, sd),
-                                    b.channel(running_var, sd), num_batches_tracked,
-                                    req(y, dtype, b.s), b.channel(save_mean, sd),
-                                    b.channel(save_invstd, sd), b.o);
+    tpnorm::sync_batch_norm_forward(
+        *get(comm), req(x, dtype, b.s), b.channel(gamma, dtype), b.channel(beta, dtype),
+        b.channel(running_mean, sd), b.channel(running_var, sd), num_batches_tracked,
+        req(y, dtype, b.s), b.channel(save_mean, sd), b.channel(save_invstd, sd), b.o);
   });
 }
 
-tpnorm_status_t tpnorm_sync_batch_norm_backward(
-    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim, const int64_t* shape, const void* dy,
-    const void* x, const void* gamma, tpnorm_dtype_t sd, const void* save_mean,
-    const void* save_invstd, void* dx, void* dgamma, void* dbeta,
-    const tpnorm_batch_norm_options_t* opt) {
+tpnorm_status_t tpnorm_sync_batch_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtype, int ndim,
+                                                const int64_t* shape, const void* dy, const void* x,
+                                                const void* gamma, tpnorm_dtype_t sd,
+                                                const void* save_mean, const void* save_invstd,
+                                                void* dx, void* dgamma, void* dbeta,
+                                                const tpnorm_batch_norm_options_t* opt) {
   return guarded([&] {
     const ViewsOn on(comm);
     const BatchNormShape b(ndim, shape, opt);

@@ -61,9 +61,8 @@ std::string Communicator::watchdog_message() const {
 
 std::string Communicator::watchdog_message(const char* op, uint64_t sequence) const {
   std::ostringstream s;
-  s << "tpnorm watchdog: rank " << rank() << " of " << size() << ": "
-    << (op ? op : "a collective") << " (call " << sequence
-    << " on this communicator) did not finish within " << timeout_s_
+  s << "tpnorm watchdog: rank " << rank() << " of " << size() << ": " << (op ? op : "a collective")
+    << " (call " << sequence << " on this communicator) did not finish within " << timeout_s_
     << " s (TPNORM_TIMEOUT): a rank died or stopped calling; aborting the job";
   return s.str();
 }

@@ -14,8 +14,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -96,8 +96,8 @@ class MpiCommunicator final : public Communicator {
     uint64_t sequence = 0;
     // The exchange (see start): the sum's buffer and the other ranks' contributions.
     bool exchange = false;
-    int pieces = 0;    // messages per peer
-    int receives = 0;  // reqs[0, receives) are receives, the rest sends
+    int pieces = 0;            // messages per peer
+    int receives = 0;          // reqs[0, receives) are receives, the rest sends
     std::vector<double> send;  // the copy the sends read
     void* buf = nullptr;
     int count = 0;
@@ -171,16 +171,15 @@ class MpiCommunicator final : public Communicator {
         if (q == rank_) continue;
         for (int i = 0; i < pieces; ++i) {
           const int n = std::min(per_piece, p.count - i * per_piece);
-          TPNORM_CHECK(MPI, MPI_Isend(send + static_cast<size_t>(i) * kPieceBytes,
-                                      n, type, q, kExchangeTag, comm_, &p.reqs[r++]));
+          TPNORM_CHECK(MPI, MPI_Isend(send + static_cast<size_t>(i) * kPieceBytes, n, type, q,
+                                      kExchangeTag, comm_, &p.reqs[r++]));
         }
       }
       return p;
     }
     for_each_chunk(buf, count, dtype, [&](void* at, int n) {
       p.reqs.push_back(MPI_REQUEST_NULL);
-      TPNORM_CHECK(MPI, MPI_Iallreduce(MPI_IN_PLACE, at, n, type, MPI_SUM, comm_,
-                                       &p.reqs.back()));
+      TPNORM_CHECK(MPI, MPI_Iallreduce(MPI_IN_PLACE, at, n, type, MPI_SUM, comm_, &p.reqs.back()));
     });
     return p;
   }

@@ -19,9 +19,10 @@ inline MPI_Datatype mpi_type(DType t) {
   if (t == DType::F64) return MPI_DOUBLE;
   if (t == DType::F32) return MPI_FLOAT;
   if (t == DType::I64) return MPI_INT64_T;
-  throw Error(ErrorCode::kInvalidArgument,
-              std::string("tpnorm: MPI all_reduce_sum supports fp32, fp64 and int64 buffers, not ") +
-                  dtype_name(t));
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      std::string("tpnorm: MPI all_reduce_sum supports fp32, fp64 and int64 buffers, not ") +
+          dtype_name(t));
 }
 
 /// *comm = a duplicate of `parent` (so that tpnorm's traffic never matches the caller's

@@ -17,11 +17,11 @@ namespace tpnorm::detail {
 
 }  // namespace tpnorm::detail
 
-#define TPNORM_CHECK(kind, expr)                                                              \
-  do {                                                                                        \
-    auto tpnorm_check_rc_ = (expr);                                                           \
-    if (!::tpnorm::detail::kind##_ok(tpnorm_check_rc_))                                       \
-      ::tpnorm::detail::throw_check_failure(#kind, #expr, __FILE__, __LINE__,                 \
-                                            ::tpnorm::detail::kind##_error_string(            \
-                                                tpnorm_check_rc_));                           \
+#define TPNORM_CHECK(kind, expr)                                    \
+  do {                                                              \
+    auto tpnorm_check_rc_ = (expr);                                 \
+    if (!::tpnorm::detail::kind##_ok(tpnorm_check_rc_))             \
+      ::tpnorm::detail::throw_check_failure(                        \
+          #kind, #expr, __FILE__, __LINE__,                         \
+          ::tpnorm::detail::kind##_error_string(tpnorm_check_rc_)); \
   } while (0)

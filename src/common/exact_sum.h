@@ -41,13 +41,13 @@
 
 namespace tpnorm::exact {
 
-constexpr int kValueLsb = -149;   ///< sums of values count units of 2^-149
-constexpr int kSquareLsb = -298;  ///< sums of squares count units of 2^-298
-constexpr int kMaxExp = 64;       ///< values need |v| < 2^kMaxExp
-constexpr int kLimbBits = 52;     ///< payload bits per int64 limb below the top one
-constexpr int kLimbs1 = 5;        ///< limbs of a sum of values
-constexpr int kLimbs2 = 9;        ///< limbs of a sum of squares
-constexpr int kMaxRanks = 2048;   ///< P * (2^52 - 1) < 2^63
+constexpr int kValueLsb = -149;             ///< sums of values count units of 2^-149
+constexpr int kSquareLsb = -298;            ///< sums of squares count units of 2^-298
+constexpr int kMaxExp = 64;                 ///< values need |v| < 2^kMaxExp
+constexpr int kLimbBits = 52;               ///< payload bits per int64 limb below the top one
+constexpr int kLimbs1 = 5;                  ///< limbs of a sum of values
+constexpr int kLimbs2 = 9;                  ///< limbs of a sum of squares
+constexpr int kMaxRanks = 2048;             ///< P * (2^52 - 1) < 2^63
 constexpr double kMaxCount = 4294967296.0;  ///< n < 2^32 values per statistic
 
 /// int64 limbs per statistic of the SyncBatchNorm and GroupNorm payloads (their channels and
@@ -138,8 +138,9 @@ TPNORM_HD inline void add_shifted_unsigned(Wide<W>& a, uint64_t v, int shift) {
   const u128 t = static_cast<u128>(v) << b;
   uint64_t carry = 0;
   for (int i = k; i < W; ++i) {
-    const uint64_t part = i == k ? static_cast<uint64_t>(t)
-                                 : i == k + 1 ? static_cast<uint64_t>(t >> 64) : 0;
+    const uint64_t part = i == k       ? static_cast<uint64_t>(t)
+                          : i == k + 1 ? static_cast<uint64_t>(t >> 64)
+                                       : 0;
     if (i > k + 1 && carry == 0) break;
     const u128 s = static_cast<u128>(a.w[i]) + part + carry;
     a.w[i] = static_cast<uint64_t>(s);
@@ -310,8 +311,6 @@ TPNORM_HD inline double variance(const Sum1& s1, const Sum2& s2, uint64_t n) {
 }
 
 /// sum v^2 / n, rounded once. n >= 1.
-TPNORM_HD inline double mean_square(const Sum2& s2, uint64_t n) {
-  return ratio(s2, n, kSquareLsb);
-}
+TPNORM_HD inline double mean_square(const Sum2& s2, uint64_t n) { return ratio(s2, n, kSquareLsb); }
 
 }  // namespace tpnorm::exact

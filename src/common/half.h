@@ -54,9 +54,13 @@ template <class T>
 T from_float(float f);
 
 template <>
-inline float from_float<float>(float f) { return f; }
+inline float from_float<float>(float f) {
+  return f;
+}
 template <>
-inline double from_float<double>(float f) { return f; }
+inline double from_float<double>(float f) {
+  return f;
+}
 template <>
 inline bf16 from_float<bf16>(float f) {
   uint32_t u = float_bits(f);
@@ -69,7 +73,7 @@ inline f16 from_float<f16>(float f) {
   const uint32_t u = float_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return {static_cast<uint16_t>(sign | 0x7e00u)};  // nan
+  if (a > 0x7f800000u) return {static_cast<uint16_t>(sign | 0x7e00u)};   // nan
   if (a >= 0x477ff000u) return {static_cast<uint16_t>(sign | 0x7c00u)};  // overflow -> inf
   if (a < 0x38800000u) {  // subnormal or zero in half: scale by 2^24 and round
     const float r = bits_float(a) * 16777216.0f;

@@ -192,8 +192,10 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
     check_x(v, b_.x);
     v.like("dy", b_.dy, b_.x);
     v.like("dx", b_.dx, b_.x);
-    v.params(b_.gamma.present() ? "gamma" : b_.dgamma.present() ? "dgamma" : "dbeta", b_.param,
-             b_.x);
+    v.params(b_.gamma.present()    ? "gamma"
+             : b_.dgamma.present() ? "dgamma"
+                                   : "dbeta",
+             b_.param, b_.x);
     v.optional("gamma", b_.gamma, c, b_.param);
     v.stats("save_mean", b_.save_mean, c);
     v.stats("save_invstd", b_.save_invstd, c);
@@ -265,10 +267,9 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
       dispatch_acc(b_.save_mean.dtype, [&](auto s) {
         using T = decltype(t);
         using S = decltype(s);
-        kc::bn_exact_partial_backward<T, S>(b_.a, static_cast<const T*>(b_.dy.data),
-                                            static_cast<const T*>(b_.x.data),
-                                            static_cast<const S*>(b_.save_mean.data),
-                                            call.payload<int64_t>());
+        kc::bn_exact_partial_backward<T, S>(
+            b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
+            static_cast<const S*>(b_.save_mean.data), call.payload<int64_t>());
       });
     });
     kc::bn_exact_backward_sums(b_.a.c, call.payload<int64_t>(), 1.0, local_.data());
@@ -280,8 +281,7 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
     double n = 0;
     if (b_.opt.training) {
       check_naive_count(b_.opt.stats, call.global_count(), name(), "channel");
-      kc::bn_exact_backward_sums(b_.a.c, call.payload<int64_t>(), call.global_count(),
-                                 sums.data());
+      kc::bn_exact_backward_sums(b_.a.c, call.payload<int64_t>(), call.global_count(), sums.data());
       n = 1;
     }
     dispatch_kernel_types(b_.x.dtype, DType::F64, b_.save_mean.dtype, [&](auto t, auto, auto s) {
@@ -302,10 +302,9 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
   // dgamma / dbeta (P: the parameter type) from this rank's partials.
   template <class P, class S>
   void param_grads() {
-    kc::bn_param_grads<P, double, S>(b_.a.c, local_.data(),
-                                     static_cast<const S*>(b_.save_invstd.data),
-                                     static_cast<P*>(b_.dgamma.data),
-                                     static_cast<P*>(b_.dbeta.data));
+    kc::bn_param_grads<P, double, S>(
+        b_.a.c, local_.data(), static_cast<const S*>(b_.save_invstd.data),
+        static_cast<P*>(b_.dgamma.data), static_cast<P*>(b_.dbeta.data));
   }
 
   const BnBackward& b_ = args_;

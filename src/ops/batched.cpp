@@ -46,8 +46,8 @@ struct ForwardStages {
                              const NormOptions& opt) {
     row_forward_partial_at(dev, a, opt.stats, w64, s);
   }
-  static void apply_device(DeviceCommunicator& dev, const Args& a,
-                           const kernels::cuda::Header& hd, void*, const NormOptions& opt) {
+  static void apply_device(DeviceCommunicator& dev, const Args& a, const kernels::cuda::Header& hd,
+                           void*, const NormOptions& opt) {
     row_forward_apply_at(dev, a, opt.eps, hd);
   }
 #endif
@@ -74,8 +74,8 @@ struct BackwardStages {
                              const NormOptions&) {
     row_backward_partial_at(dev, a, w64, s);
   }
-  static void apply_device(DeviceCommunicator& dev, const Args& a,
-                           const kernels::cuda::Header& hd, void* scratch, const NormOptions&) {
+  static void apply_device(DeviceCommunicator& dev, const Args& a, const kernels::cuda::Header& hd,
+                           void* scratch, const NormOptions&) {
     row_backward_apply_at(dev, a, hd, scratch);
   }
 #endif

@@ -14,7 +14,6 @@ namespace tpnorm::detail {
 /// takes it as its first failure (and clears it). The caller still makes the op call, with the
 /// offending view's data set to null and its shape kept, so every rank's collective has the
 /// same size. An empty message clears a pending failure.
-void set_caller_failure(const std::string& message,
-                        ErrorCode code = ErrorCode::kInvalidArgument);
+void set_caller_failure(const std::string& message, ErrorCode code = ErrorCode::kInvalidArgument);
 
 }  // namespace tpnorm::detail

@@ -98,8 +98,8 @@ class FusedForwardOp final : public SpecOf<FusedForward> {
   // length of its collective.
   PayloadSize payload() const override {
     const RowGeometry& g = args_.gx;
-    return {static_cast<size_t>(g.rows * row_stat_width(args_.norm.a.centered,
-                                                        args_.norm.opt.stats, true)),
+    return {static_cast<size_t>(g.rows *
+                                row_stat_width(args_.norm.a.centered, args_.norm.opt.stats, true)),
             static_cast<double>(g.h)};
   }
   void partial(PackedCall& call) override {

@@ -1,5 +1,6 @@
 // packed_call.cpp — see packed_call.h for the buffer layout and the agreement rule.
 #include "ops/packed_call.h"
+
 #include "ops/caller_failure.h"
 
 #ifdef TPNORM_WITH_CUDA
@@ -49,8 +50,7 @@ constexpr size_t kRowFields = 3, kRowOp = kRowFields + kMaxFields, kRowMsg = kRo
 constexpr size_t kRow = kRowMsg + kMsgChars;
 
 void put_text(double* dst, size_t cap, const std::string& s) {
-  for (size_t i = 0; i < cap - 1 && i < s.size(); ++i)
-    dst[i] = static_cast<unsigned char>(s[i]);
+  for (size_t i = 0; i < cap - 1 && i < s.size(); ++i) dst[i] = static_cast<unsigned char>(s[i]);
 }
 std::string get_text(const double* src, size_t cap) {
   std::string s;
@@ -82,8 +82,7 @@ PackedCall::PackedCall(Communicator& comm, const char* op, DType wire, bool chec
   header_values_ = static_cast<size_t>(ch::header_values(check_));
   if (comm.device().kind == DeviceKind::CUDA) {
     dev_ = dynamic_cast<DeviceCommunicator*>(&comm);
-    if (!dev_)
-      fail(kNoDeviceStream);
+    if (!dev_) fail(kNoDeviceStream);
   }
 }
 
@@ -138,7 +137,9 @@ void PackedCall::write_header(void* base, DType as) const {
     h = fnv1a(h, f.name, std::strlen(f.name));
     h = fnv1a(h, &f.value, sizeof f.value);
   }
-  const int b = ch::chunk_bits(wire_ == DType::I64 ? 63 : wire_ == DType::F64 ? 53 : 24,
+  const int b = ch::chunk_bits(wire_ == DType::I64   ? 63
+                               : wire_ == DType::F64 ? 53
+                                                     : 24,
                                comm_.size());
   for (int i = 0; i < ch::kChunks; ++i) {
     const double c = static_cast<double>((h >> (ch::kChunkStride * i)) & ((1ULL << b) - 1));
@@ -271,8 +272,8 @@ void PackedCall::diagnose() {
       code = static_cast<ErrorCode>(static_cast<int>(at(r)[1]));
       s << "tpnorm: " << get_text(at(r) + kRowOp, kOpChars) << " failed";
     }
-    if (shown < 4) s << (shown ? "; " : ": ") << "rank " << r << ": "
-                     << get_text(at(r) + kRowMsg, kMsgChars);
+    if (shown < 4)
+      s << (shown ? "; " : ": ") << "rank " << r << ": " << get_text(at(r) + kRowMsg, kMsgChars);
     ++shown;
   }
   if (shown > 4) s << "; and " << shown - 4 << " more ranks";
@@ -282,8 +283,8 @@ void PackedCall::diagnose() {
     for (int r = 1; r < p; ++r) same_op &= get_text(at(r) + kRowOp, kOpChars) == op0;
     if (!same_op) {
       s << "tpnorm: ranks disagree on the call:";
-      for (int r = 0; r < p; ++r) s << (r ? "," : "") << " rank " << r << " called "
-                                     << get_text(at(r) + kRowOp, kOpChars);
+      for (int r = 0; r < p; ++r)
+        s << (r ? "," : "") << " rank " << r << " called " << get_text(at(r) + kRowOp, kOpChars);
     } else {
       size_t field = fields_.size();
       for (size_t i = 0; i < fields_.size() && field == fields_.size(); ++i)

@@ -84,9 +84,7 @@ class PackedCall {
     return reinterpret_cast<W*>(base()) + header_values_;
   }
   /// The payload as untyped memory: payload<W>() for the call's wire type W.
-  void* payload_data() {
-    return static_cast<char*>(base()) + header_values_ * dtype_size(wire_);
-  }
+  void* payload_data() { return static_cast<char*>(base()) + header_values_ * dtype_size(wire_); }
   /// The start of header + payload (host, or device memory for a device communicator).
   void* base() { return dev_ ? dev_base_ : static_cast<void*>(bytes_.data()); }
   size_t header_values() const { return header_values_; }

@@ -21,8 +21,8 @@ kc::RowNormArgs kernel_args(const RowGeometry& g, bool centered, RowRun run) {
 // stats and wire then point at them (F64). The returned vector holds them: keep it alive for
 // the apply. With run.fused (one rank) the apply kernel computes them from each row itself.
 // Other modes: nothing changes, the vector is empty.
-std::vector<double> exact_final_stats(kc::RowNormArgs& k, bool forward, void*& stats,
-                                      DType& wire, double n) {
+std::vector<double> exact_final_stats(kc::RowNormArgs& k, bool forward, void*& stats, DType& wire,
+                                      double n) {
   std::vector<double> out;
   if (wire != DType::I64) return out;
   out.resize(static_cast<size_t>(k.rows * (k.centered ? 2 : 1)));
@@ -126,8 +126,7 @@ void validate_row_backward(Validator& v, const std::string& p, const RowBackward
   v.storage(x.c_str(), a.x);
   v.like(dy.c_str(), a.dy, a.x);
   v.like(dx.c_str(), a.dx, a.x);
-  v.params((a.gamma.present() ? gamma : a.dgamma.present() ? dgamma : dbeta).c_str(), a.param,
-           a.x);
+  v.params((a.gamma.present() ? gamma : a.dgamma.present() ? dgamma : dbeta).c_str(), a.param, a.x);
   v.optional(gamma.c_str(), a.gamma, a.g.h, a.param);
   v.stats(rstd.c_str(), a.rstd, a.g.rows);
   if (a.centered) v.stats_like(mean.c_str(), a.mean, a.g.rows, a.rstd);
@@ -149,8 +148,8 @@ void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, d
   const std::vector<double> exact = exact_final_stats(k, true, stats, wire, n);
   with_row_ptrs(a, saved_dtype(a.mean, a.rstd), [&](const auto& p) {
     dispatch_acc(wire, [&](auto w) {
-      kc::row_apply_forward(k, p.x, p.gamma, p.beta, static_cast<decltype(w)*>(stats), n, eps,
-                            p.y, p.mean, p.rstd);
+      kc::row_apply_forward(k, p.x, p.gamma, p.beta, static_cast<decltype(w)*>(stats), n, eps, p.y,
+                            p.mean, p.rstd);
     });
   });
 }

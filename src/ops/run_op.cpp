@@ -95,8 +95,9 @@ void StartedOp::start() {
   on_device_ = dev_ && op_.has_device_kernels();
   // Stats::kExact: CPU kernels only so far, and int64 limbs with headroom for kMaxRanks.
   if (op_.stats() == Stats::kExact && dev_)
-    v.fail("stats", "Stats::kExact has CPU kernels only so far; use a host communicator or "
-                    "Stats::kRobust");
+    v.fail("stats",
+           "Stats::kExact has CPU kernels only so far; use a host communicator or "
+           "Stats::kRobust");
   if (op_.stats() == Stats::kExact && comm_.size() > exact::kMaxRanks)
     v.fail("stats", "Stats::kExact supports at most " + std::to_string(exact::kMaxRanks) +
                         " ranks, the communicator has " + std::to_string(comm_.size()));

@@ -41,7 +41,8 @@ SyncBatchNorm::SyncBatchNorm(Communicator& comm, int64_t channels, DType dtype,
 }
 
 TensorView SyncBatchNorm::param(std::vector<unsigned char>& bytes) {
-  return bytes.empty() ? TensorView{} : TensorView{bytes.data(), dtype_, {channels_}, comm_.device()};
+  return bytes.empty() ? TensorView{}
+                       : TensorView{bytes.data(), dtype_, {channels_}, comm_.device()};
 }
 
 void SyncBatchNorm::forward(const TensorView& x, const TensorView& y) {

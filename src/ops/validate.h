@@ -32,8 +32,7 @@ inline bool checked_product(const Shape& s, int n, int64_t* out) {
 inline bool shape_fits(const Shape& s) {
   int64_t p = 1;
   for (int i = 0; i < s.ndim; ++i)
-    if (s.dims[i] < 0 || (s.dims[i] > 0 && __builtin_mul_overflow(p, s.dims[i], &p)))
-      return false;
+    if (s.dims[i] < 0 || (s.dims[i] > 0 && __builtin_mul_overflow(p, s.dims[i], &p))) return false;
   return true;
 }
 

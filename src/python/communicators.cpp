@@ -117,13 +117,13 @@ py::bytes nccl_unique_id() {
   return py::bytes(id.internal, sizeof(id.internal));
 }
 
-std::shared_ptr<Communicator> nccl_communicator(py::bytes unique_id, int rank, int size,
-                                                int device, uintptr_t stream) {
+std::shared_ptr<Communicator> nccl_communicator(py::bytes unique_id, int rank, int size, int device,
+                                                uintptr_t stream) {
   const std::string raw = unique_id;
   ncclUniqueId id;
   if (raw.size() != sizeof(id.internal))
-    throw Error(ErrorCode::kInvalidArgument, "tpnorm: an ncclUniqueId has " +
-                                                 std::to_string(sizeof(id.internal)) + " bytes");
+    throw Error(ErrorCode::kInvalidArgument,
+                "tpnorm: an ncclUniqueId has " + std::to_string(sizeof(id.internal)) + " bytes");
   std::copy(raw.begin(), raw.end(), id.internal);
   if (cudaSetDevice(device) != cudaSuccess)
     throw Error(ErrorCode::kCommunication, "tpnorm: cudaSetDevice failed");

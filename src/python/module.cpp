@@ -2,8 +2,8 @@
 // __dlpack__ (tensor_args.h), communicators come from communicators.h, and every function is
 // one C++ call of include/tpnorm with the GIL released. The autograd functions, modules and
 // process-group plumbing live in the Python package (src/python/tpnorm).
-#include <pybind11/pybind11.h>
 #include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
 
 #include <algorithm>
 #include <chrono>
@@ -33,8 +33,8 @@ void bind_errors(py::module_& m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      auto exc = py::reinterpret_steal<py::object>(
-          PyObject_CallFunction(error.ptr(), "s", e.what()));
+      auto exc =
+          py::reinterpret_steal<py::object>(PyObject_CallFunction(error.ptr(), "s", e.what()));
       if (!exc) return;  // the call failed and set its own Python error
       exc.attr("code") = static_cast<int>(e.code());
       PyErr_SetObject(error.ptr(), exc.ptr());
@@ -50,11 +50,12 @@ void bind_communicators(py::module_& m) {
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
-      .def_property_readonly("device", [](const Communicator& c) {
-        const Device d = c.device();
-        return d.kind == DeviceKind::CPU ? std::string("cpu")
-                                         : "cuda:" + std::to_string(d.index);
-      })
+      .def_property_readonly("device",
+                             [](const Communicator& c) {
+                               const Device d = c.device();
+                               return d.kind == DeviceKind::CPU ? std::string("cpu")
+                                                                : "cuda:" + std::to_string(d.index);
+                             })
       .def_property_readonly("calls", [](const Communicator& c) { return c.counters().calls; })
       .def_property_readonly("bytes_sent",
                              [](const Communicator& c) { return c.counters().bytes_sent; })
@@ -62,9 +63,8 @@ void bind_communicators(py::module_& m) {
       .def_property_readonly("sequence", &Communicator::sequence)
       .def("set_strict_calls", &Communicator::set_strict_calls, arg("n"))
       .def("set_timeout", &Communicator::set_timeout, arg("seconds"));
-  m.def("single_communicator", [] {
-    return std::shared_ptr<Communicator>(make_single_communicator());
-  });
+  m.def("single_communicator",
+        [] { return std::shared_ptr<Communicator>(make_single_communicator()); });
   m.def("mpi_communicator", &mpi_communicator, arg("fortran_handle"));
   m.def("callback_communicator", &callback_communicator, arg("rank"), arg("size"),
         arg("all_reduce"));
@@ -137,13 +137,13 @@ void bind_row_norms(py::module_& m) {
     auto DG = a.add(dgamma, "dgamma"), DB = a.add(dbeta, "dbeta");
     a.run([&] { layer_norm_backward(c, DY, X, G, M, R, DX, DG, DB, o); });
   });
-  m.def("rms_norm_forward", [](Communicator& c, Obj x, Obj gamma, Obj y, Obj rstd,
-                               const NormOptions& o) {
-    TensorArgs a;
-    auto X = a.add(x, "x"), G = a.add(gamma, "gamma"), Y = a.add(y, "y");
-    auto R = a.add(rstd, "rstd");
-    a.run([&] { rms_norm_forward(c, X, G, Y, R, o); });
-  });
+  m.def("rms_norm_forward",
+        [](Communicator& c, Obj x, Obj gamma, Obj y, Obj rstd, const NormOptions& o) {
+          TensorArgs a;
+          auto X = a.add(x, "x"), G = a.add(gamma, "gamma"), Y = a.add(y, "y");
+          auto R = a.add(rstd, "rstd");
+          a.run([&] { rms_norm_forward(c, X, G, Y, R, o); });
+        });
   m.def("rms_norm_backward", [](Communicator& c, Obj dy, Obj x, Obj gamma, Obj rstd, Obj dx,
                                 Obj dgamma, const NormOptions& o) {
     TensorArgs a;
@@ -164,37 +164,34 @@ void bind_fused(py::module_& m) {
   m.def("deepnorm_beta", &deepnorm_beta, arg("stack"), arg("encoder_layers"),
         arg("decoder_layers"));
   m.def("fused_add_layer_norm_forward",
-        [](Communicator& c, Obj x, Obj f, double alpha, Obj gamma, Obj beta, Obj h, Obj y,
-           Obj mean, Obj rstd, const NormOptions& o) {
+        [](Communicator& c, Obj x, Obj f, double alpha, Obj gamma, Obj beta, Obj h, Obj y, Obj mean,
+           Obj rstd, const NormOptions& o) {
           TensorArgs a;
           auto X = a.add(x, "x"), F = a.add(f, "f"), G = a.add(gamma, "gamma");
           auto B = a.add(beta, "beta"), H = a.add(h, "h"), Y = a.add(y, "y");
           auto M = a.add(mean, "mean"), R = a.add(rstd, "rstd");
           a.run([&] { fused_add_layer_norm_forward(c, X, F, alpha, G, B, H, Y, M, R, o); });
         });
-  m.def("fused_add_layer_norm_backward",
-        [](Communicator& c, Obj dy, Obj dh_extra, Obj h, Obj gamma, Obj mean, Obj rstd,
-           double alpha, Obj dx, Obj df, Obj dgamma, Obj dbeta, const NormOptions& o) {
-          TensorArgs a;
-          auto DY = a.add(dy, "dy"), DE = a.add(dh_extra, "dh_extra"), H = a.add(h, "h");
-          auto G = a.add(gamma, "gamma"), M = a.add(mean, "mean"), R = a.add(rstd, "rstd");
-          auto DX = a.add(dx, "dx"), DF = a.add(df, "df"), DG = a.add(dgamma, "dgamma");
-          auto DB = a.add(dbeta, "dbeta");
-          a.run([&] {
-            fused_add_layer_norm_backward(c, DY, DE, H, G, M, R, alpha, DX, DF, DG, DB, o);
-          });
-        });
-  m.def("fused_add_rms_norm_forward", [](Communicator& c, Obj x, Obj f, double alpha,
-                                         Obj gamma, Obj h, Obj y, Obj rstd,
-                                         const NormOptions& o) {
+  m.def("fused_add_layer_norm_backward", [](Communicator& c, Obj dy, Obj dh_extra, Obj h, Obj gamma,
+                                            Obj mean, Obj rstd, double alpha, Obj dx, Obj df,
+                                            Obj dgamma, Obj dbeta, const NormOptions& o) {
+    TensorArgs a;
+    auto DY = a.add(dy, "dy"), DE = a.add(dh_extra, "dh_extra"), H = a.add(h, "h");
+    auto G = a.add(gamma, "gamma"), M = a.add(mean, "mean"), R = a.add(rstd, "rstd");
+    auto DX = a.add(dx, "dx"), DF = a.add(df, "df"), DG = a.add(dgamma, "dgamma");
+    auto DB = a.add(dbeta, "dbeta");
+    a.run([&] { fused_add_layer_norm_backward(c, DY, DE, H, G, M, R, alpha, DX, DF, DG, DB, o); });
+  });
+  m.def("fused_add_rms_norm_forward", [](Communicator& c, Obj x, Obj f, double alpha, Obj gamma,
+                                         Obj h, Obj y, Obj rstd, const NormOptions& o) {
     TensorArgs a;
     auto X = a.add(x, "x"), F = a.add(f, "f"), G = a.add(gamma, "gamma");
     auto H = a.add(h, "h"), Y = a.add(y, "y"), R = a.add(rstd, "rstd");
     a.run([&] { fused_add_rms_norm_forward(c, X, F, alpha, G, H, Y, R, o); });
   });
   m.def("fused_add_rms_norm_backward",
-        [](Communicator& c, Obj dy, Obj dh_extra, Obj h, Obj gamma, Obj rstd, double alpha,
-           Obj dx, Obj df, Obj dgamma, const NormOptions& o) {
+        [](Communicator& c, Obj dy, Obj dh_extra, Obj h, Obj gamma, Obj rstd, double alpha, Obj dx,
+           Obj df, Obj dgamma, const NormOptions& o) {
           TensorArgs a;
           auto DY = a.add(dy, "dy"), DE = a.add(dh_extra, "dh_extra"), H = a.add(h, "h");
           auto G = a.add(gamma, "gamma"), R = a.add(rstd, "rstd");
@@ -205,52 +202,56 @@ void bind_fused(py::module_& m) {
 
 void bind_channel_norms(py::module_& m) {
   // GroupNorm and InstanceNorm share one signature; `instance` picks the call.
-  m.def("group_norm_forward", [](Communicator& c, Obj x, const ChannelGroups& cg, Obj gamma,
-                                 Obj beta, Obj y, Obj mean, Obj rstd, const NormOptions& o,
-                                 bool instance) {
-    TensorArgs a;
-    auto X = a.add(x, "x"), G = a.add(gamma, "gamma"), B = a.add(beta, "beta");
-    auto Y = a.add(y, "y"), M = a.add(mean, "mean"), R = a.add(rstd, "rstd");
-    a.run([&] {
-      (instance ? instance_norm_forward : group_norm_forward)(c, X, cg, G, B, Y, M, R, o);
-    });
-  }, arg("comm"), arg("x"), arg("cg"), arg("gamma"), arg("beta"), arg("y"), arg("mean"),
-     arg("rstd"), arg("opt"), arg("instance") = false);
-  m.def("group_norm_backward", [](Communicator& c, Obj dy, Obj x, const ChannelGroups& cg,
-                                  Obj gamma, Obj mean, Obj rstd, Obj dx, Obj dgamma, Obj dbeta,
-                                  const NormOptions& o, bool instance) {
-    TensorArgs a;
-    auto DY = a.add(dy, "dy"), X = a.add(x, "x"), G = a.add(gamma, "gamma");
-    auto M = a.add(mean, "mean"), R = a.add(rstd, "rstd"), DX = a.add(dx, "dx");
-    auto DG = a.add(dgamma, "dgamma"), DB = a.add(dbeta, "dbeta");
-    a.run([&] {
-      (instance ? instance_norm_backward : group_norm_backward)(c, DY, X, cg, G, M, R, DX, DG,
-                                                                DB, o);
-    });
-  }, arg("comm"), arg("dy"), arg("x"), arg("cg"), arg("gamma"), arg("mean"), arg("rstd"),
-     arg("dx"), arg("dgamma"), arg("dbeta"), arg("opt"), arg("instance") = false);
+  m.def(
+      "group_norm_forward",
+      [](Communicator& c, Obj x, const ChannelGroups& cg, Obj gamma, Obj beta, Obj y, Obj mean,
+         Obj rstd, const NormOptions& o, bool instance) {
+        TensorArgs a;
+        auto X = a.add(x, "x"), G = a.add(gamma, "gamma"), B = a.add(beta, "beta");
+        auto Y = a.add(y, "y"), M = a.add(mean, "mean"), R = a.add(rstd, "rstd");
+        a.run([&] {
+          (instance ? instance_norm_forward : group_norm_forward)(c, X, cg, G, B, Y, M, R, o);
+        });
+      },
+      arg("comm"), arg("x"), arg("cg"), arg("gamma"), arg("beta"), arg("y"), arg("mean"),
+      arg("rstd"), arg("opt"), arg("instance") = false);
+  m.def(
+      "group_norm_backward",
+      [](Communicator& c, Obj dy, Obj x, const ChannelGroups& cg, Obj gamma, Obj mean, Obj rstd,
+         Obj dx, Obj dgamma, Obj dbeta, const NormOptions& o, bool instance) {
+        TensorArgs a;
+        auto DY = a.add(dy, "dy"), X = a.add(x, "x"), G = a.add(gamma, "gamma");
+        auto M = a.add(mean, "mean"), R = a.add(rstd, "rstd"), DX = a.add(dx, "dx");
+        auto DG = a.add(dgamma, "dgamma"), DB = a.add(dbeta, "dbeta");
+        a.run([&] {
+          (instance ? instance_norm_backward : group_norm_backward)(c, DY, X, cg, G, M, R, DX, DG,
+                                                                    DB, o);
+        });
+      },
+      arg("comm"), arg("dy"), arg("x"), arg("cg"), arg("gamma"), arg("mean"), arg("rstd"),
+      arg("dx"), arg("dgamma"), arg("dbeta"), arg("opt"), arg("instance") = false);
 
   // num_batches_tracked stays with the caller (torch keeps it as a buffer); a cumulative
   // momentum arrives here already as 1/num_batches_tracked.
-  m.def("sync_batch_norm_forward", [](Communicator& c, Obj x, Obj gamma, Obj beta,
-                                      Obj running_mean, Obj running_var, Obj y, Obj save_mean,
-                                      Obj save_invstd, const BatchNormOptions& o) {
-    TensorArgs a;
-    auto X = a.add(x, "x"), G = a.add(gamma, "gamma"), B = a.add(beta, "beta");
-    auto RM = a.add(running_mean, "running_mean"), RV = a.add(running_var, "running_var");
-    auto Y = a.add(y, "y"), SM = a.add(save_mean, "save_mean");
-    auto SI = a.add(save_invstd, "save_invstd");
-    a.run([&] { sync_batch_norm_forward(c, X, G, B, RM, RV, nullptr, Y, SM, SI, o); });
-  });
-  m.def("sync_batch_norm_backward", [](Communicator& c, Obj dy, Obj x, Obj gamma, Obj save_mean,
-                                       Obj save_invstd, Obj dx, Obj dgamma, Obj dbeta,
-                                       const BatchNormOptions& o) {
-    TensorArgs a;
-    auto DY = a.add(dy, "dy"), X = a.add(x, "x"), G = a.add(gamma, "gamma");
-    auto SM = a.add(save_mean, "save_mean"), SI = a.add(save_invstd, "save_invstd");
-    auto DX = a.add(dx, "dx"), DG = a.add(dgamma, "dgamma"), DB = a.add(dbeta, "dbeta");
-    a.run([&] { sync_batch_norm_backward(c, DY, X, G, SM, SI, DX, DG, DB, o); });
-  });
+  m.def("sync_batch_norm_forward",
+        [](Communicator& c, Obj x, Obj gamma, Obj beta, Obj running_mean, Obj running_var, Obj y,
+           Obj save_mean, Obj save_invstd, const BatchNormOptions& o) {
+          TensorArgs a;
+          auto X = a.add(x, "x"), G = a.add(gamma, "gamma"), B = a.add(beta, "beta");
+          auto RM = a.add(running_mean, "running_mean"), RV = a.add(running_var, "running_var");
+          auto Y = a.add(y, "y"), SM = a.add(save_mean, "save_mean");
+          auto SI = a.add(save_invstd, "save_invstd");
+          a.run([&] { sync_batch_norm_forward(c, X, G, B, RM, RV, nullptr, Y, SM, SI, o); });
+        });
+  m.def("sync_batch_norm_backward",
+        [](Communicator& c, Obj dy, Obj x, Obj gamma, Obj save_mean, Obj save_invstd, Obj dx,
+           Obj dgamma, Obj dbeta, const BatchNormOptions& o) {
+          TensorArgs a;
+          auto DY = a.add(dy, "dy"), X = a.add(x, "x"), G = a.add(gamma, "gamma");
+          auto SM = a.add(save_mean, "save_mean"), SI = a.add(save_invstd, "save_invstd");
+          auto DX = a.add(dx, "dx"), DG = a.add(dgamma, "dgamma"), DB = a.add(dbeta, "dbeta");
+          a.run([&] { sync_batch_norm_backward(c, DY, X, G, SM, SI, DX, DG, DB, o); });
+        });
 }
 
 // For examples/python/overhead.py: the same LayerNorm call made `iters` times from C++ on the
@@ -258,8 +259,8 @@ void bind_channel_norms(py::module_& m) {
 // median of 5 blocks, seconds per call (forward, or forward + backward).
 void bind_benchmark(py::module_& m) {
   m.def("bench_layer_norm_loop",
-        [](Communicator& c, Obj x, Obj gamma, Obj beta, Obj y, Obj mean, Obj rstd, Obj dy,
-           Obj dx, Obj dgamma, Obj dbeta, const NormOptions& o, int iters, bool backward) {
+        [](Communicator& c, Obj x, Obj gamma, Obj beta, Obj y, Obj mean, Obj rstd, Obj dy, Obj dx,
+           Obj dgamma, Obj dbeta, const NormOptions& o, int iters, bool backward) {
           TensorArgs a;
           auto X = a.add(x, "x"), G = a.add(gamma, "gamma"), B = a.add(beta, "beta");
           auto Y = a.add(y, "y"), M = a.add(mean, "mean"), R = a.add(rstd, "rstd");

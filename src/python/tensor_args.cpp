@@ -13,8 +13,11 @@ constexpr const char* kUsedCapsule = "used_dltensor";
 
 // "float32"-style names for the error text.
 std::string dl_type_name(const DLDataType& t) {
-  const char* kind = t.code == kDLFloat ? "float" : t.code == kDLBfloat ? "bfloat"
-                   : t.code == kDLInt   ? "int"   : t.code == kDLUInt   ? "uint" : "code?";
+  const char* kind = t.code == kDLFloat    ? "float"
+                     : t.code == kDLBfloat ? "bfloat"
+                     : t.code == kDLInt    ? "int"
+                     : t.code == kDLUInt   ? "uint"
+                                           : "code?";
   std::string s = kind + std::to_string(t.bits);
   if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
   return s;
@@ -22,11 +25,16 @@ std::string dl_type_name(const DLDataType& t) {
 
 bool to_dtype(const DLDataType& t, DType* out) {
   if (t.lanes != 1) return false;
-  if (t.code == kDLFloat && t.bits == 32) *out = DType::F32;
-  else if (t.code == kDLFloat && t.bits == 16) *out = DType::F16;
-  else if (t.code == kDLFloat && t.bits == 64) *out = DType::F64;
-  else if (t.code == kDLBfloat && t.bits == 16) *out = DType::BF16;
-  else return false;
+  if (t.code == kDLFloat && t.bits == 32)
+    *out = DType::F32;
+  else if (t.code == kDLFloat && t.bits == 16)
+    *out = DType::F16;
+  else if (t.code == kDLFloat && t.bits == 64)
+    *out = DType::F64;
+  else if (t.code == kDLBfloat && t.bits == 16)
+    *out = DType::BF16;
+  else
+    return false;
   return true;
 }
 

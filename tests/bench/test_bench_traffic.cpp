@@ -36,7 +36,7 @@ TEST(BenchTraffic, CountersEqualTheDocumentedFormula) {
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   BenchConfig cfg;
   cfg.rows = 13;
-  cfg.hidden = 7 * world->size() + 1;  // uneven shards
+  cfg.hidden = 7 * world->size() + 1;        // uneven shards
   cfg.shape = {world->size() + 1, 3, 2, 5};  // uneven batches
   for (const BenchOp& op : bench_ops()) {
     for (Stats mode : {Stats::kRobust, Stats::kNaive}) {

@@ -84,8 +84,8 @@ static void check_sync_batch_norm(tpnorm_comm_t comm) {
   check_status(tpnorm_sync_batch_norm_forward(comm, TPNORM_F32, 3, shape, x, gamma, beta,
                                               TPNORM_F32, rm, rv, &tracked, y, sm, si, &opt),
                "sync_batch_norm_forward");
-  check_status(tpnorm_sync_batch_norm_backward(comm, TPNORM_F32, 3, shape, dy, x, gamma,
-                                               TPNORM_F32, sm, si, dx, dg, db, &opt),
+  check_status(tpnorm_sync_batch_norm_backward(comm, TPNORM_F32, 3, shape, dy, x, gamma, TPNORM_F32,
+                                               sm, si, dx, dg, db, &opt),
                "sync_batch_norm_backward");
   MPI_Allreduce(MPI_IN_PLACE, dg, BC, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, db, BC, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -145,14 +145,18 @@ int main(int argc, char** argv) {
     const tpnorm_norm_options_t opt = TPNORM_NORM_OPTIONS_INITIALIZER;
     if (centered) {
       check_status(tpnorm_layer_norm_forward(comm, TPNORM_F32, ROWS, h, x, gamma, beta, y,
-                                             TPNORM_F64, mean, rstd, &opt), "layer_norm_forward");
+                                             TPNORM_F64, mean, rstd, &opt),
+                   "layer_norm_forward");
       check_status(tpnorm_layer_norm_backward(comm, TPNORM_F32, ROWS, h, dy, x, gamma, TPNORM_F64,
-                                              mean, rstd, dx, dg, db, &opt), "layer_norm_backward");
+                                              mean, rstd, dx, dg, db, &opt),
+                   "layer_norm_backward");
     } else {
-      check_status(tpnorm_rms_norm_forward(comm, TPNORM_F32, ROWS, h, x, gamma, y, TPNORM_F64,
-                                           rstd, NULL), "rms_norm_forward");
+      check_status(
+          tpnorm_rms_norm_forward(comm, TPNORM_F32, ROWS, h, x, gamma, y, TPNORM_F64, rstd, NULL),
+          "rms_norm_forward");
       check_status(tpnorm_rms_norm_backward(comm, TPNORM_F32, ROWS, h, dy, x, gamma, TPNORM_F64,
-                                            rstd, dx, dg, NULL), "rms_norm_backward");
+                                            rstd, dx, dg, NULL),
+                   "rms_norm_backward");
     }
     for (r = 0; r < ROWS; ++r)
       for (c = 0; c < h; ++c) {
@@ -190,8 +194,9 @@ int main(int argc, char** argv) {
       if (rank == 0 && k == 0) printf("error path message: %s\n", mine);
     }
   }
-  expect(tpnorm_rms_norm_forward(NULL, TPNORM_F32, ROWS, h, x, gamma, y, TPNORM_F64, rstd,
-                                 NULL) == TPNORM_INVALID_ARGUMENT, "null communicator");
+  expect(tpnorm_rms_norm_forward(NULL, TPNORM_F32, ROWS, h, x, gamma, y, TPNORM_F64, rstd, NULL) ==
+             TPNORM_INVALID_ARGUMENT,
+         "null communicator");
   check_status(tpnorm_comm_destroy(comm), "destroy");
 
   MPI_Allreduce(&wrong, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -37,11 +37,11 @@ inline int gpu_count() {
   return n;
 }
 
-#define TPNORM_REQUIRE_GPU()                                                   \
-  do {                                                                         \
-    std::string why_;                                                          \
-    if (!::tpnorm_gpu::have_gpu(&why_))                                        \
-      GTEST_SKIP() << "tpnorm-gpu: no CUDA device (" << why_ << ")";           \
+#define TPNORM_REQUIRE_GPU()                                         \
+  do {                                                               \
+    std::string why_;                                                \
+    if (!::tpnorm_gpu::have_gpu(&why_))                              \
+      GTEST_SKIP() << "tpnorm-gpu: no CUDA device (" << why_ << ")"; \
   } while (0)
 
 #define TPNORM_CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
@@ -73,14 +73,15 @@ class DevBuf {
   void* data() const { return raw_ ? static_cast<char*>(raw_) + off_ : nullptr; }
   void upload(const tpnorm_test::Buffer& host, cudaStream_t s = nullptr) {
     tpnorm_test::Buffer h = host;
-    if (raw_) cudaMemcpyAsync(data(), h.view(tpnorm::Shape{int64_t(n_)}).data, bytes(),
-                              cudaMemcpyHostToDevice, s);
+    if (raw_)
+      cudaMemcpyAsync(data(), h.view(tpnorm::Shape{int64_t(n_)}).data, bytes(),
+                      cudaMemcpyHostToDevice, s);
     cudaStreamSynchronize(s);
   }
   tpnorm_test::Buffer download() const {
     tpnorm_test::Buffer h(dtype_, n_);
-    if (raw_) cudaMemcpy(h.view(tpnorm::Shape{int64_t(n_)}).data, data(), bytes(),
-                         cudaMemcpyDeviceToHost);
+    if (raw_)
+      cudaMemcpy(h.view(tpnorm::Shape{int64_t(n_)}).data, data(), bytes(), cudaMemcpyDeviceToHost);
     return h;
   }
   std::vector<float> floats() const { return download().floats(); }
@@ -124,8 +125,8 @@ inline RowOut run_rows(tpnorm::Communicator& comm, bool centered, const RowIn& i
     const TensorView bv = affine && centered ? V(beta, p) : TensorView{};
     if (centered) {
       layer_norm_forward(comm, V(x, s), gv, bv, V(y, s), V(mean, r), V(rstd, r), opt);
-      layer_norm_backward(comm, V(dy, s), V(x, s), gv, V(mean, r), V(rstd, r), V(dx, s),
-                          V(dg, p), V(db, p), opt);
+      layer_norm_backward(comm, V(dy, s), V(x, s), gv, V(mean, r), V(rstd, r), V(dx, s), V(dg, p),
+                          V(db, p), opt);
     } else {
       rms_norm_forward(comm, V(x, s), gv, V(y, s), V(rstd, r), opt);
       rms_norm_backward(comm, V(dy, s), V(x, s), gv, V(rstd, r), V(dx, s), V(dg, p), opt);

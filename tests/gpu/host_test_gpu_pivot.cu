@@ -26,7 +26,8 @@ void same_pivots(tpnorm::DType dt) {
   const int64_t n = 3, c = 5, inner = 40;
   const tpnorm_test::Buffer b(dt, tpnorm_test::normal(31, 0, n * c * inner, 1e4, 1.5));
   std::vector<Host> host(n * c * inner);
-  std::memcpy(host.data(), const_cast<tpnorm_test::Buffer&>(b).view(tpnorm::Shape{n * c * inner}).data,
+  std::memcpy(host.data(),
+              const_cast<tpnorm_test::Buffer&>(b).view(tpnorm::Shape{n * c * inner}).data,
               host.size() * sizeof(Host));
   std::vector<Cuda> dev(host.size());
   std::memcpy(dev.data(), host.data(), host.size() * sizeof(Host));

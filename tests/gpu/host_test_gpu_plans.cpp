@@ -91,8 +91,8 @@ TEST(GpuPlanRows, DgammaChunksCoverEveryRowOnce) {
 // [4, 8, 0, 5] is outer 4, c 8, inner 0 in NCHW and outer 0, c 5, inner 1 channels-last:
 // either way there is no element and x may be null, so nothing may be launched that reads it.
 TEST(GpuPlanChannels, NoElementMeansNoSumsKernelAndNoPivotRead) {
-  for (auto [outer, c, inner] : std::vector<std::array<int64_t, 3>>{
-           {4, 8, 0}, {0, 5, 1}, {0, 8, 0}, {0, 3, 7}, {4, 0, 5}}) {
+  for (auto [outer, c, inner] :
+       std::vector<std::array<int64_t, 3>>{{4, 8, 0}, {0, 5, 1}, {0, 8, 0}, {0, 3, 7}, {4, 0, 5}}) {
     const BnPlan p = plan_channels(outer, c, inner);
     EXPECT_EQ(p.splits, 0) << outer << "x" << c << "x" << inner;
     EXPECT_FALSE(p.has_values) << outer << "x" << c << "x" << inner;

@@ -99,10 +99,10 @@ TEST(GpuWorkspacePolicy, FitsAndOwnsDescribeTheCurrentBlock) {
 // The watchdog with scripted probes; fire() records instead of ending the process.
 struct Script {
   std::mutex mu;
-  std::set<uint64_t> done;     // tickets whose collective has finished
-  std::set<uint64_t> failed;   // tickets whose event reports an error
+  std::set<uint64_t> done;    // tickets whose collective has finished
+  std::set<uint64_t> failed;  // tickets whose event reports an error
   std::vector<uint64_t> released;
-  std::string async;           // the transport's asynchronous error
+  std::string async;  // the transport's asynchronous error
   std::string fired;
   std::atomic<int> fires{0};
   Watchdog::Hooks hooks() {

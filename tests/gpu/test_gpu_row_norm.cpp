@@ -63,27 +63,27 @@ TEST_P(GpuRowNorm, MatchesReferenceAndCpuKernels) {
   cudaStreamDestroy(s);
   auto cpu_comm = make_single_communicator();
   const RowOut cpu = run_rows(*cpu_comm, centered, in, -1, false, opt);
-  const auto ref = tpnorm_test::row_norm_reference(
-      centered, in.x, c.rows, c.hidden, in.gamma, centered ? in.beta : std::vector<float>{},
-      1e-5, in.dy);
+  const auto ref =
+      tpnorm_test::row_norm_reference(centered, in.x, c.rows, c.hidden, in.gamma,
+                                      centered ? in.beta : std::vector<float>{}, 1e-5, in.dy);
   EXPECT_EQ(count_wrong_rows(got, cpu, ref, centered, dt, c.rows, c.hidden, 0, c.hidden), 0);
 }
 
 const Case kCases[] = {
-    {"r71_h229", 71, 229},                   // warp per row, odd h: scalar path
+    {"r71_h229", 71, 229},  // warp per row, odd h: scalar path
     {"r29_h541", 29, 541},
-    {"r64_h1024", 64, 1024},                 // warp per row, vector path when aligned
-    {"r3_h4096", 3, 4096},                   // block per row, vector path
-    {"r7_h1030", 7, 1030},                   // block per row, h not a multiple of the pack
+    {"r64_h1024", 64, 1024},  // warp per row, vector path when aligned
+    {"r3_h4096", 3, 4096},    // block per row, vector path
+    {"r7_h1030", 7, 1030},    // block per row, h not a multiple of the pack
     {"r1_h1", 1, 1},
-    {"r300_h40", 300, 40},                   // many rows: multi-chunk dgamma reduction
+    {"r300_h40", 300, 40},  // many rows: multi-chunk dgamma reduction
     {"r8_h1000_offset1e4", 8, 1000, 1e4, DType::F64},
 };
 
 std::string name(const ::testing::TestParamInfo<Param>& i) {
-  return std::string(std::get<1>(i.param) ? "LayerNorm_" : "RMSNorm_") +
-         std::get<0>(i.param).name + (std::get<2>(i.param) ? "_affine_" : "_plain_") +
-         dtype_name(std::get<3>(i.param)) + (std::get<4>(i.param) ? "_scalar" : "_aligned");
+  return std::string(std::get<1>(i.param) ? "LayerNorm_" : "RMSNorm_") + std::get<0>(i.param).name +
+         (std::get<2>(i.param) ? "_affine_" : "_plain_") + dtype_name(std::get<3>(i.param)) +
+         (std::get<4>(i.param) ? "_scalar" : "_aligned");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp32, GpuRowNorm,
@@ -91,13 +91,12 @@ INSTANTIATE_TEST_SUITE_P(Fp32, GpuRowNorm,
                                             ::testing::Bool(), ::testing::Values(DType::F32),
                                             ::testing::Bool()),
                          name);
-INSTANTIATE_TEST_SUITE_P(Half, GpuRowNorm,
-                         ::testing::Combine(::testing::Values(kCases[1], kCases[2], kCases[3],
-                                                              kCases[4]),
-                                            ::testing::Bool(), ::testing::Values(true),
-                                            ::testing::Values(DType::F16, DType::BF16),
-                                            ::testing::Bool()),
-                         name);
+INSTANTIATE_TEST_SUITE_P(
+    Half, GpuRowNorm,
+    ::testing::Combine(::testing::Values(kCases[1], kCases[2], kCases[3], kCases[4]),
+                       ::testing::Bool(), ::testing::Values(true),
+                       ::testing::Values(DType::F16, DType::BF16), ::testing::Bool()),
+    name);
 const Case kNaive[] = {{"r33_h777_naive", 33, 777, 0.0, DType::F32, Stats::kNaive},
                        {"r2_h2048_naive", 2, 2048, 0.0, DType::F32, Stats::kNaive}};
 INSTANTIATE_TEST_SUITE_P(Naive, GpuRowNorm,
@@ -138,17 +137,18 @@ TEST(GpuRowNormGraph, CaptureAndReplayMatchesCpu) {
   TPNORM_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   auto cpu_comm = make_single_communicator();
   for (uint64_t rep = 0; rep < 3; ++rep) {
-    in.x = Buffer(in.dtype, tpnorm_test::normal(100 + rep, 0, R * h, 0.5 * rep, 1.0 + rep)).floats();
+    in.x =
+        Buffer(in.dtype, tpnorm_test::normal(100 + rep, 0, R * h, 0.5 * rep, 1.0 + rep)).floats();
     in.dy = Buffer(in.dtype, tpnorm_test::normal(100 + rep, 1, R * h)).floats();
     x.upload(Buffer(in.dtype, in.x), st);
     dy.upload(Buffer(in.dtype, in.dy), st);
     TPNORM_CUDA_OK(cudaGraphLaunch(exec, st));
     TPNORM_CUDA_OK(cudaStreamSynchronize(st));
-    const RowOut got{y.floats(), mean.floats(), rstd.floats(), dx.floats(), dg.floats(),
-                     db.floats()};
+    const RowOut got{y.floats(),  mean.floats(), rstd.floats(),
+                     dx.floats(), dg.floats(),   db.floats()};
     const RowOut cpu = run_rows(*cpu_comm, true, in, -1);
-    const auto ref = tpnorm_test::row_norm_reference(true, in.x, R, h, in.gamma, in.beta, 1e-5,
-                                                     in.dy);
+    const auto ref =
+        tpnorm_test::row_norm_reference(true, in.x, R, h, in.gamma, in.beta, 1e-5, in.dy);
     EXPECT_EQ(count_wrong_rows(got, cpu, ref, true, in.dtype, R, h, 0, h), 0) << "replay " << rep;
   }
   EXPECT_NO_THROW(cuda_check_errors(*gpu));
@@ -173,23 +173,29 @@ TEST(GpuRowNormGraph, ReplayAfterWorkspaceGrowthMatchesCpu) {
     RowIn in;
     DevBuf x, dy, g, b, y, dx, dg, db, mean, rstd;
     explicit Io(const RowIn& i)
-        : in(i), x(Buffer(i.dtype, i.x)), dy(Buffer(i.dtype, i.dy)), g(Buffer(i.dtype, i.gamma)),
-          b(Buffer(i.dtype, i.beta)), y(Buffer(i.dtype, i.rows * i.h)),
-          dx(Buffer(i.dtype, i.rows * i.h)), dg(Buffer(i.dtype, i.h)), db(Buffer(i.dtype, i.h)),
-          mean(Buffer(DType::F32, i.rows)), rstd(Buffer(DType::F32, i.rows)) {}
+        : in(i),
+          x(Buffer(i.dtype, i.x)),
+          dy(Buffer(i.dtype, i.dy)),
+          g(Buffer(i.dtype, i.gamma)),
+          b(Buffer(i.dtype, i.beta)),
+          y(Buffer(i.dtype, i.rows * i.h)),
+          dx(Buffer(i.dtype, i.rows * i.h)),
+          dg(Buffer(i.dtype, i.h)),
+          db(Buffer(i.dtype, i.h)),
+          mean(Buffer(DType::F32, i.rows)),
+          rstd(Buffer(DType::F32, i.rows)) {}
     void call(Communicator& c) {
       const Shape s{in.rows, in.h}, p{in.h}, r{in.rows};
-      layer_norm_forward(c, x.view(s), g.view(p), b.view(p), y.view(s), mean.view(r),
-                         rstd.view(r));
+      layer_norm_forward(c, x.view(s), g.view(p), b.view(p), y.view(s), mean.view(r), rstd.view(r));
       layer_norm_backward(c, dy.view(s), x.view(s), g.view(p), mean.view(r), rstd.view(r),
                           dx.view(s), dg.view(p), db.view(p));
     }
     int64_t wrong(Communicator& cpu) {
-      const RowOut got{y.floats(), mean.floats(), rstd.floats(), dx.floats(), dg.floats(),
-                       db.floats()};
+      const RowOut got{y.floats(),  mean.floats(), rstd.floats(),
+                       dx.floats(), dg.floats(),   db.floats()};
       const RowOut want = run_rows(cpu, true, in, -1);
-      const auto ref = tpnorm_test::row_norm_reference(true, in.x, in.rows, in.h, in.gamma,
-                                                       in.beta, 1e-5, in.dy);
+      const auto ref = tpnorm_test::row_norm_reference(true, in.x, in.rows, in.h, in.gamma, in.beta,
+                                                       1e-5, in.dy);
       return count_wrong_rows(got, want, ref, true, in.dtype, in.rows, in.h, 0, in.h);
     }
   };
@@ -258,8 +264,8 @@ TEST(GpuRowNormHuge, MoreThan2Pow31ElementsSpotChecked) {
   const Device d = Device::cuda(0);
   layer_norm_forward(*gpu, {x, dt, s, d}, g.view(p), b.view(p), {y, dt, s, d}, mean.view(r),
                      rstd.view(r));
-  layer_norm_backward(*gpu, {dy, dt, s, d}, {x, dt, s, d}, g.view(p), mean.view(r),
-                      rstd.view(r), {dx, dt, s, d}, dg.view(p), db.view(p));
+  layer_norm_backward(*gpu, {dy, dt, s, d}, {x, dt, s, d}, g.view(p), mean.view(r), rstd.view(r),
+                      {dx, dt, s, d}, dg.view(p), db.view(p));
   TPNORM_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_NO_THROW(cuda_check_errors(*gpu));
   auto cpu_comm = make_single_communicator();
@@ -274,8 +280,8 @@ TEST(GpuRowNormHuge, MoreThan2Pow31ElementsSpotChecked) {
     Buffer yr(dt, h), dxr(dt, h);
     const size_t at = static_cast<size_t>(row * h) * dtype_size(dt);
     const size_t n = static_cast<size_t>(h) * dtype_size(dt);
-    TPNORM_CUDA_OK(cudaMemcpy(yr.view(Shape{h}).data, static_cast<char*>(y) + at, n,
-                              cudaMemcpyDeviceToHost));
+    TPNORM_CUDA_OK(
+        cudaMemcpy(yr.view(Shape{h}).data, static_cast<char*>(y) + at, n, cudaMemcpyDeviceToHost));
     TPNORM_CUDA_OK(cudaMemcpy(dxr.view(Shape{h}).data, static_cast<char*>(dx) + at, n,
                               cudaMemcpyDeviceToHost));
     const std::vector<float> gy = yr.floats(), gdx = dxr.floats();

@@ -44,8 +44,7 @@ TEST_P(GpuSweep, LayerNormAndRmsNormMatchReferenceAndCpu) {
     EXPECT_NO_THROW(cuda_check_errors(*gpu));
     const RowOut cpu = run_rows(*cpu_comm, centered, in, -1);
     const auto ref = tpnorm_test::row_norm_reference(
-        centered, in.x, rows, h, in.gamma, centered ? in.beta : std::vector<float>{}, 1e-5,
-        in.dy);
+        centered, in.x, rows, h, in.gamma, centered ? in.beta : std::vector<float>{}, 1e-5, in.dy);
     EXPECT_EQ(count_wrong_rows(got, cpu, ref, centered, dt, rows, h, 0, h), 0)
         << (centered ? "LayerNorm" : "RMSNorm");
   }
@@ -60,13 +59,11 @@ std::string name(const ::testing::TestParamInfo<Param>& i) {
          (std::get<1>(i.param) == 5 ? "_offset1e4" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Sweep, GpuSweep,
-                         ::testing::Combine(::testing::Values(1, 7, 8, 512, 1000, 1024, 1025,
-                                                              1536, 2048, 8192),
-                                            ::testing::Values(1, 5, 4097),
-                                            ::testing::Values(DType::F32, DType::F16,
-                                                              DType::BF16),
-                                            ::testing::Bool()),
-                         name);
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, GpuSweep,
+    ::testing::Combine(::testing::Values(1, 7, 8, 512, 1000, 1024, 1025, 1536, 2048, 8192),
+                       ::testing::Values(1, 5, 4097),
+                       ::testing::Values(DType::F32, DType::F16, DType::BF16), ::testing::Bool()),
+    name);
 
 }  // namespace

@@ -38,8 +38,8 @@ int64_t same_error_everywhere(const std::string& what) {
   const int64_t sum = static_cast<int64_t>(h & ((uint64_t{1} << 40) - 1));
   const int64_t p = world_size();
   const int64_t bad_sum = sum_over_ranks(sum) != p * sum;
-  const int64_t bad_len = sum_over_ranks(static_cast<int64_t>(what.size())) !=
-                          p * static_cast<int64_t>(what.size());
+  const int64_t bad_len =
+      sum_over_ranks(static_cast<int64_t>(what.size())) != p * static_cast<int64_t>(what.size());
   return (what.empty() ? 1 : 0) + bad_sum + bad_len;
 }
 

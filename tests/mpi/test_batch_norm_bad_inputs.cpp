@@ -29,8 +29,8 @@ struct Call {
   DType gamma_dt = DType::F32, beta_dt = DType::F32;  // used when affine
   bool affine = false;
   BatchNormOptions o;
-  std::vector<float> x = normal(5, world_rank(), N * C * S);
-  Buffer y = Buffer(DType::F32, std::vector<float>(N * C * S, kSentinel));
+  std::vector<float> x = normal(5, world_rank(), N* C* S);
+  Buffer y = Buffer(DType::F32, std::vector<float>(N* C* S, kSentinel));
   std::vector<float> rm = std::vector<float>(C, kSentinel), rv = rm, sm = rm, si = rm;
   int64_t tracked = 5;
   bool null_x = false;
@@ -70,9 +70,13 @@ bool on(bool last) { return world_rank() == (last ? world_size() - 1 : 0); }
 
 TEST(BatchNormBadInputs, EpsZeroNanInfOnOneRank) {
   for (double eps : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()})
-    expect_fails([&](Call& c) { if (on(kLast)) c.o.eps = eps; }, ErrorCode::kInvalidArgument,
-                 "sync_batch_norm_forward failed: rank " + std::to_string(world_size() - 1) +
-                     ": argument 'eps'");
+    expect_fails(
+        [&](Call& c) {
+          if (on(kLast)) c.o.eps = eps;
+        },
+        ErrorCode::kInvalidArgument,
+        "sync_batch_norm_forward failed: rank " + std::to_string(world_size() - 1) +
+            ": argument 'eps'");
 }
 
 TEST(BatchNormBadInputs, NullDataWithElements) {
@@ -81,27 +85,40 @@ TEST(BatchNormBadInputs, NullDataWithElements) {
 }
 
 TEST(BatchNormBadInputs, DtypeEpsOrMomentumDifferingAcrossRanks) {
-  expect_fails([](Call& c) { if (on(!kLast)) c.dt = DType::F16; }, ErrorCode::kMismatch,
-               "ranks disagree on 'dtype'");
-  expect_fails([](Call& c) { if (on(kLast)) c.o.eps = 1e-3; }, ErrorCode::kMismatch,
-               "ranks disagree on 'eps'");
-  expect_fails([](Call& c) { if (on(kLast)) c.o.momentum = 0.2; }, ErrorCode::kMismatch,
-               "ranks disagree on 'momentum'");
+  expect_fails(
+      [](Call& c) {
+        if (on(!kLast)) c.dt = DType::F16;
+      },
+      ErrorCode::kMismatch, "ranks disagree on 'dtype'");
+  expect_fails(
+      [](Call& c) {
+        if (on(kLast)) c.o.eps = 1e-3;
+      },
+      ErrorCode::kMismatch, "ranks disagree on 'eps'");
+  expect_fails(
+      [](Call& c) {
+        if (on(kLast)) c.o.momentum = 0.2;
+      },
+      ErrorCode::kMismatch, "ranks disagree on 'momentum'");
 }
 
 // Parameters are x's dtype or float32 (mixed precision); anything else, gamma and beta apart, or
 // ranks choosing differently, fails on every rank.
 TEST(BatchNormBadInputs, ParamDtypeNeitherXsNorFp32OrDifferingAcrossRanks) {
-  expect_fails([](Call& c) {
-    c.affine = true, c.dt = DType::BF16;
-    if (on(kLast)) c.gamma_dt = c.beta_dt = DType::F16;
-  }, ErrorCode::kInvalidArgument, "argument 'gamma' has dtype fp16, expected x's (bf16) or fp32");
+  expect_fails(
+      [](Call& c) {
+        c.affine = true, c.dt = DType::BF16;
+        if (on(kLast)) c.gamma_dt = c.beta_dt = DType::F16;
+      },
+      ErrorCode::kInvalidArgument, "argument 'gamma' has dtype fp16, expected x's (bf16) or fp32");
   expect_fails([](Call& c) { c.affine = true, c.dt = DType::F16, c.beta_dt = DType::F16; },
                ErrorCode::kInvalidArgument, "argument 'beta' has dtype fp16, expected fp32");
-  expect_fails([](Call& c) {
-    c.affine = true, c.dt = DType::BF16;
-    if (on(!kLast)) c.gamma_dt = c.beta_dt = DType::BF16;
-  }, ErrorCode::kMismatch, "ranks disagree on 'param dtype'");
+  expect_fails(
+      [](Call& c) {
+        c.affine = true, c.dt = DType::BF16;
+        if (on(!kLast)) c.gamma_dt = c.beta_dt = DType::BF16;
+      },
+      ErrorCode::kMismatch, "ranks disagree on 'param dtype'");
 }
 
 }  // namespace

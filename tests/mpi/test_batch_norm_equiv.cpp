@@ -51,8 +51,7 @@ Shape shape_of(int64_t n, int64_t c, const std::vector<int64_t>& spatial, Layout
   s.dims[0] = n;
   const int cdim = layout == Layout::kNCHW ? 1 : s.ndim - 1;
   s.dims[cdim] = c;
-  for (size_t i = 0; i < spatial.size(); ++i)
-    s.dims[(cdim == 1 ? 2 : 1) + i] = spatial[i];
+  for (size_t i = 0; i < spatial.size(); ++i) s.dims[(cdim == 1 ? 2 : 1) + i] = spatial[i];
   return s;
 }
 
@@ -97,7 +96,8 @@ int64_t run_steps(MPI_Comm mpi, const Scenario& su, const std::vector<int64_t>& 
     return cl ? to_channels_last(v, nb, C, inner) : v;
   };
 
-  const std::vector<float> gamma = su.affine ? round_p(normal(seed, 1, C, 1.0, 0.5)) : std::vector<float>{};
+  const std::vector<float> gamma =
+      su.affine ? round_p(normal(seed, 1, C, 1.0, 0.5)) : std::vector<float>{};
   const std::vector<float> beta = su.affine ? round_p(normal(seed, 2, C)) : std::vector<float>{};
   Buffer g(pdt, gamma), b(pdt, beta);
   const TensorView gv = su.affine ? g.view({C}) : TensorView{};
@@ -174,9 +174,9 @@ TEST_P(BatchNormEquivalence, MatchesConcatenatedBatchReference) {
 
 const Case kCases[] = {
     {"c3_4x5_uneven", 3, {4, 5}, Batches::kUneven},
-    {"c5_nospatial_uneven", 5, {}, Batches::kUneven},     // [N, C]: BatchNorm1d
-    {"c2_3x2x3_even", 2, {3, 2, 3}, Batches::kEven},      // three spatial dims
-    {"c7_5_only_rank0", 7, {5}, Batches::kOnlyFirst},     // every other rank is empty
+    {"c5_nospatial_uneven", 5, {}, Batches::kUneven},  // [N, C]: BatchNorm1d
+    {"c2_3x2x3_even", 2, {3, 2, 3}, Batches::kEven},   // three spatial dims
+    {"c7_5_only_rank0", 7, {5}, Batches::kOnlyFirst},  // every other rank is empty
 };
 
 std::string name(const ::testing::TestParamInfo<Param>& i) {
@@ -186,12 +186,12 @@ std::string name(const ::testing::TestParamInfo<Param>& i) {
          (std::isnan(std::get<3>(i.param)) ? "_cumulative" : "_momentum");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fp32, BatchNormEquivalence,
-    ::testing::Combine(::testing::ValuesIn(kCases),
-                       ::testing::Values(Layout::kNCHW, Layout::kChannelsLast), ::testing::Bool(),
-                       ::testing::Values(0.1, BatchNormOptions::cumulative())),
-    name);
+INSTANTIATE_TEST_SUITE_P(Fp32, BatchNormEquivalence,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Values(Layout::kNCHW, Layout::kChannelsLast),
+                                            ::testing::Bool(),
+                                            ::testing::Values(0.1, BatchNormOptions::cumulative())),
+                         name);
 
 TEST(BatchNormEquivalenceHalf, Fp16AndBf16MatchWithinStorageTolerance) {
   int64_t wrong = 0;
@@ -228,8 +228,8 @@ TEST(BatchNormSubgroups, TwoDataParallelGroupsAtOnce) {
   MPI_Comm_split(MPI_COMM_WORLD, me / 2, me, &dp);  // data-parallel group
   MPI_Comm_split(MPI_COMM_WORLD, me % 2, me, &tp);  // tensor-parallel group (unused by BN)
   const Scenario su{kCases[0], Layout::kChannelsLast, true, 0.1};
-  const std::vector<int64_t> n = me / 2 == 0 ? std::vector<int64_t>{3, 0}
-                                             : std::vector<int64_t>{2, 5};
+  const std::vector<int64_t> n =
+      me / 2 == 0 ? std::vector<int64_t>{3, 0} : std::vector<int64_t>{2, 5};
   const int64_t wrong = run_steps(dp, su, n, 100 + me / 2);  // each group its own data
   MPI_Comm_free(&tp);
   MPI_Comm_free(&dp);

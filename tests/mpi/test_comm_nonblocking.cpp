@@ -44,7 +44,7 @@ TEST(CommNonBlocking, SumsInFlightWaitedInReverseOrder) {
     reqs.push_back(comm->start_all_reduce_sum(bufs[k].data(), sizes[k], DType::F64));
     reqs.push_back(comm->start_all_reduce_sum(fbufs[k].data(), sizes[k], DType::F32));
   }
-  EXPECT_EQ(comm->counters().calls, 2 * sizes.size());  // counted at start, empty ones too
+  EXPECT_EQ(comm->counters().calls, 2 * sizes.size());   // counted at start, empty ones too
   EXPECT_EQ(comm->in_flight(), 2 * (sizes.size() - 1));  // count 0 starts nothing
   for (size_t k = reqs.size(); k-- > 0;) comm->wait(reqs[k]);
   EXPECT_EQ(comm->in_flight(), 0u);

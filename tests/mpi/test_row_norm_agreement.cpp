@@ -20,9 +20,12 @@ struct Rows {
   std::vector<float> x = normal(9, world_rank(), 24), y = std::vector<float>(24, -7.f),
                      mean = std::vector<float>(6, -7.f), rstd = std::vector<float>(6, -7.f);
   bool untouched() const {
-    for (float v : y) if (v != -7.f) return false;
-    for (float v : mean) if (v != -7.f) return false;
-    for (float v : rstd) if (v != -7.f) return false;
+    for (float v : y)
+      if (v != -7.f) return false;
+    for (float v : mean)
+      if (v != -7.f) return false;
+    for (float v : rstd)
+      if (v != -7.f) return false;
     return true;
   }
 };
@@ -91,8 +94,8 @@ TEST(RowNormAgreement, NullDataWithElementsFailsEveryRank) {
   const float* x = world_rank() == 0 ? nullptr : t.x.data();
   const std::string msg = error_of(
       [&] {
-        layer_norm_forward(*comm, view(x, s), {}, {}, view(t.y.data(), s),
-                           view(t.mean.data(), r), view(t.rstd.data(), r));
+        layer_norm_forward(*comm, view(x, s), {}, {}, view(t.y.data(), s), view(t.mean.data(), r),
+                           view(t.rstd.data(), r));
       },
       ErrorCode::kInvalidArgument);
   EXPECT_NE(msg.find("rank 0: argument 'x' is null"), std::string::npos) << msg;

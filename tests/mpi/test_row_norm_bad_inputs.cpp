@@ -30,16 +30,23 @@ struct Bufs {
   DType dt;
   Buffer x, dy, gamma, beta, y, dx, dgamma, dbeta, mean, rstd;
   Bufs(int64_t rows, int64_t cols, DType t = DType::F32)
-      : R(rows), h(cols), dt(t),
-        x(t, normal(9, world_rank(), R * h)), dy(t, normal(10, world_rank(), R * h)),
-        gamma(t, normal(11, world_rank(), h, 1.0, 0.3)), beta(t, normal(12, world_rank(), h)),
-        y(t, filled(R * h)), dx(t, filled(R * h)), dgamma(t, filled(h)), dbeta(t, filled(h)),
-        mean(DType::F32, filled(R)), rstd(DType::F32, filled(R)) {}
+      : R(rows),
+        h(cols),
+        dt(t),
+        x(t, normal(9, world_rank(), R * h)),
+        dy(t, normal(10, world_rank(), R * h)),
+        gamma(t, normal(11, world_rank(), h, 1.0, 0.3)),
+        beta(t, normal(12, world_rank(), h)),
+        y(t, filled(R * h)),
+        dx(t, filled(R * h)),
+        dgamma(t, filled(h)),
+        dbeta(t, filled(h)),
+        mean(DType::F32, filled(R)),
+        rstd(DType::F32, filled(R)) {}
   static std::vector<float> filled(int64_t n) { return std::vector<float>(n, kSentinel); }
   Shape s() const { return {R, h}; }
   std::vector<std::vector<float>> outputs() const {
-    return {y.floats(), dx.floats(), dgamma.floats(), dbeta.floats(), mean.floats(),
-            rstd.floats()};
+    return {y.floats(), dx.floats(), dgamma.floats(), dbeta.floats(), mean.floats(), rstd.floats()};
   }
   bool untouched() const {
     for (const auto& o : outputs())
@@ -48,8 +55,8 @@ struct Bufs {
     return true;
   }
   void forward(Communicator& c, const NormOptions& o = {}) {
-    layer_norm_forward(c, x.view(s()), gamma.view({h}), beta.view({h}), y.view(s()),
-                       mean.view({R}), rstd.view({R}), o);
+    layer_norm_forward(c, x.view(s()), gamma.view({h}), beta.view({h}), y.view(s()), mean.view({R}),
+                       rstd.view({R}), o);
   }
   void backward(Communicator& c, const NormOptions& o = {}) {
     layer_norm_backward(c, dy.view(s()), x.view(s()), gamma.view({h}), mean.view({R}),
@@ -134,8 +141,7 @@ TEST(RowNormBadInputs, DifferentOpsOnDifferentRanksIsAMismatch) {
           b.forward(*c);
       },
       ErrorCode::kMismatch);
-  EXPECT_TRUE(has(msg, "rank 0 called rms_norm_forward, rank 1 called layer_norm_forward"))
-      << msg;
+  EXPECT_TRUE(has(msg, "rank 0 called rms_norm_forward, rank 1 called layer_norm_forward")) << msg;
   EXPECT_TRUE(b.untouched());
 }
 
@@ -146,8 +152,8 @@ TEST(RowNormBadInputs, NullDataWithElementsFailsEveryRank) {
     for (const char* arg : {"x", "gamma", "y", "mean", "rstd", "dy", "dx", "dbeta"}) {
       auto c = world(strict);
       Bufs b(6, 4);
-      const bool bwd = std::string(arg) == "dy" || std::string(arg) == "dx" ||
-                       std::string(arg) == "dbeta";
+      const bool bwd =
+          std::string(arg) == "dy" || std::string(arg) == "dx" || std::string(arg) == "dbeta";
       if (bwd) b.forward(*c);
       const auto before = b.outputs();  // the forward's results when testing the backward
       const std::string msg = error_of(
@@ -197,8 +203,10 @@ TEST(RowNormBadInputs, ElementCountsBeyondInt32AreCheckedIn64Bits) {
                          view(rstd, {2}));
       },
       ErrorCode::kInvalidArgument);
-  EXPECT_TRUE(has(over, "argument 'x' has a negative dimension or dimensions whose product "
-                        "exceeds 2^63")) << over;
+  EXPECT_TRUE(has(over,
+                  "argument 'x' has a negative dimension or dimensions whose product "
+                  "exceeds 2^63"))
+      << over;
 }
 
 // Forward + backward of LayerNorm and RMSNorm over this rank's columns [c0, c0+h) of full
@@ -212,8 +220,11 @@ int64_t wrong_vs_reference(int64_t R, int64_t H, const Split& sp, const std::vec
   auto c = world(-1);
   int64_t wrong = 0;
   for (bool centered : {true, false}) {
-    const RowRef ref = row_norm_reference(centered, x, R, H, gamma, centered ? beta : std::vector<float>{}, 1e-5, dy);
-    auto cut = [&](const std::vector<float>& m, int64_t rows) { return columns(m, rows, H, c0, h); };
+    const RowRef ref = row_norm_reference(centered, x, R, H, gamma,
+                                          centered ? beta : std::vector<float>{}, 1e-5, dy);
+    auto cut = [&](const std::vector<float>& m, int64_t rows) {
+      return columns(m, rows, H, c0, h);
+    };
     auto cutd = [&](const std::vector<double>& m, int64_t rows) {
       std::vector<double> o(static_cast<size_t>(rows * h));
       for (int64_t r = 0; r < rows; ++r)
@@ -283,7 +294,7 @@ TEST(RowNormEdgeInputs, NanAndInfStayInTheirRow) {
   const int64_t R = 6, H = 11;
   const Split sp = split_even(H, world_size());
   std::vector<float> x = normal(3, 0, R * H), dy = normal(3, 1, R * H);
-  x[1 * H + 0] = std::numeric_limits<float>::quiet_NaN();  // row 1, on rank 0's shard
+  x[1 * H + 0] = std::numeric_limits<float>::quiet_NaN();     // row 1, on rank 0's shard
   x[4 * H + H - 1] = std::numeric_limits<float>::infinity();  // row 4, on the last rank's shard
   const int me = world_rank();
   const int64_t c0 = sp.offset[me], h = sp.count[me];
@@ -307,7 +318,8 @@ TEST(RowNormEdgeInputs, NanAndInfStayInTheirRow) {
       else
         wrong += count_wrong("y|dx", got, want, 2, 1e-4, 1e-5);
     }
-    wrong += poisoned ? std::isfinite(mean[row]) : count_wrong("mean", &mean[row], &ref.mean[row], 1, 1e-6, 1e-6);
+    wrong += poisoned ? std::isfinite(mean[row])
+                      : count_wrong("mean", &mean[row], &ref.mean[row], 1, 1e-6, 1e-6);
   }
   EXPECT_EQ(sum_over_ranks(wrong), 0);
 }

@@ -53,14 +53,12 @@ Result run(Communicator& comm, bool centered, DType dt, const Case& c, int64_t c
   const TensorView gv = affine ? gamma.view(p) : TensorView{};
   const TensorView bv = affine && centered ? beta.view(p) : TensorView{};
   if (centered) {
-    layer_norm_forward(comm, x.view(s), gv, bv, y.view(s), mean.view(r),
-                       rstd.view(r));
-    layer_norm_backward(comm, dy.view(s), x.view(s), gv, mean.view(r),
-                        rstd.view(r), dx.view(s), dg.view(p), db.view(p));
+    layer_norm_forward(comm, x.view(s), gv, bv, y.view(s), mean.view(r), rstd.view(r));
+    layer_norm_backward(comm, dy.view(s), x.view(s), gv, mean.view(r), rstd.view(r), dx.view(s),
+                        dg.view(p), db.view(p));
   } else {
     rms_norm_forward(comm, x.view(s), gv, y.view(s), rstd.view(r));
-    rms_norm_backward(comm, dy.view(s), x.view(s), gv, rstd.view(r), dx.view(s),
-                      dg.view(p));
+    rms_norm_backward(comm, dy.view(s), x.view(s), gv, rstd.view(r), dx.view(s), dg.view(p));
   }
   return {y.floats(), mean.floats(), rstd.floats(), dx.floats(), dg.floats(), db.floats()};
 }
@@ -117,8 +115,8 @@ TEST_P(RowNormEquivalence, MatchesUnshardedReferenceAndSingleProcess) {
       {"y vs single", got.y, cols(to_double(one.y), c.rows, c.hidden, c0, h), rt, rt},
       {"rstd vs single", got.rstd, to_double(one.rstd), 0, 1e-6},
       {"dx vs single", got.dx, cols(to_double(one.dx), c.rows, c.hidden, c0, h), dx_tol, 10 * rt},
-      {"dgamma vs single", got.dgamma, cols(to_double(one.dgamma), 1, c.hidden, c0, h),
-       rt * c.rows, rt},
+      {"dgamma vs single", got.dgamma, cols(to_double(one.dgamma), 1, c.hidden, c0, h), rt * c.rows,
+       rt},
   };
   if (centered) {
     checks.push_back({"mean", got.mean, ref.mean, 1e-6, 1e-6});
@@ -142,9 +140,8 @@ const Case kCases[] = {
 };
 
 std::string name(const ::testing::TestParamInfo<Param>& i) {
-  return std::string(std::get<1>(i.param) ? "LayerNorm_" : "RMSNorm_") +
-         std::get<0>(i.param).name + (std::get<2>(i.param) ? "_affine_" : "_plain_") +
-         dtype_name(std::get<3>(i.param));
+  return std::string(std::get<1>(i.param) ? "LayerNorm_" : "RMSNorm_") + std::get<0>(i.param).name +
+         (std::get<2>(i.param) ? "_affine_" : "_plain_") + dtype_name(std::get<3>(i.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp32, RowNormEquivalence,
@@ -171,8 +168,8 @@ TEST(RowNormTraffic, OneCollectivePerCallWithDocumentedBytes) {
       opt.stats = mode;
       const uint64_t header = check ? 10 : 2, vsize = mode == Stats::kRobust ? 8 : 4;
       world->reset_counters();
-      layer_norm_forward(*world, view(x.data(), s), {}, {}, view(y.data(), s),
-                         view(mean.data(), r), view(rstd.data(), r), opt);
+      layer_norm_forward(*world, view(x.data(), s), {}, {}, view(y.data(), s), view(mean.data(), r),
+                         view(rstd.data(), r), opt);
       EXPECT_EQ(world->counters().calls, 1u);
       EXPECT_EQ(world->counters().bytes_sent, (2 * R + header) * vsize);
       layer_norm_backward(*world, view(x.data(), s), view(x.data(), s), {}, view(mean.data(), r),

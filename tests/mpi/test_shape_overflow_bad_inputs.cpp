@@ -137,12 +137,12 @@ TEST(ShapeOverflow, FusedResidualNorm) {
               const Shape s = absurd ? bad : sane, r{8};
               const double alpha = deepnorm_alpha(DeepNormStack::kEncoderOnly, 6, 0);
               if (centered)
-                fused_add_layer_norm_forward(c, view(b.x.data(), s), view(b.f.data(), s), alpha,
-                                             {}, {}, view(b.h.data(), s), view(b.y.data(), s),
+                fused_add_layer_norm_forward(c, view(b.x.data(), s), view(b.f.data(), s), alpha, {},
+                                             {}, view(b.h.data(), s), view(b.y.data(), s),
                                              view(b.mean.data(), r), view(b.rstd.data(), r));
               else
-                fused_add_rms_norm_forward(c, view(b.x.data(), s), view(b.f.data(), s), alpha,
-                                           {}, view(b.h.data(), s), view(b.y.data(), s),
+                fused_add_rms_norm_forward(c, view(b.x.data(), s), view(b.f.data(), s), alpha, {},
+                                           view(b.h.data(), s), view(b.y.data(), s),
                                            view(b.rstd.data(), r));
             },
             every, every ? kBoth : kStrict, kX, true);
@@ -155,11 +155,20 @@ TEST(ShapeOverflow, BatchedNorms) {
           [&](Communicator& c, Bufs& b, bool absurd) {
             // Item 0 is sane; item 1, an RMSNorm over the second half of the buffers, is not.
             const Shape s0{4, 8}, s1 = absurd ? bad : Shape{4, 8}, r{4};
-            const RowNormItem items[] = {
-                {true, view(b.x.data(), s0), {}, {}, view(b.y.data(), s0),
-                 view(b.mean.data(), r), view(b.rstd.data(), r)},
-                {false, view(b.x.data() + 32, s1), {}, {}, view(b.y.data() + 32, s1), {},
-                 view(b.rstd.data() + 32, r)}};
+            const RowNormItem items[] = {{true,
+                                          view(b.x.data(), s0),
+                                          {},
+                                          {},
+                                          view(b.y.data(), s0),
+                                          view(b.mean.data(), r),
+                                          view(b.rstd.data(), r)},
+                                         {false,
+                                          view(b.x.data() + 32, s1),
+                                          {},
+                                          {},
+                                          view(b.y.data() + 32, s1),
+                                          {},
+                                          view(b.rstd.data() + 32, r)}};
             batched_norm_forward(c, items, 2);
           },
           every, every ? kBoth : kStrict, std::string("argument 'items[1].x' ") + kOverflow);

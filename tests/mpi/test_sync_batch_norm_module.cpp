@@ -46,11 +46,11 @@ TEST(SyncBatchNormModule, MatchesFunctionalCallsAndSwitchesModes) {
     if (!training) eval_calls = comm->counters().calls;
     sync_batch_norm_forward(*comm, view(x.data(), xs), view(gamma.data(), cs),
                             view(beta.data(), cs), view(rm.data(), cs), view(rv.data(), cs),
-                            &tracked, view(y2.data(), xs), view(sm.data(), cs),
-                            view(si.data(), cs), opt);
-    sync_batch_norm_backward(*comm, view(dy.data(), xs), view(x.data(), xs),
-                             view(gamma.data(), cs), view(sm.data(), cs), view(si.data(), cs),
-                             view(dx2.data(), xs), view(dg.data(), cs), view(db.data(), cs), opt);
+                            &tracked, view(y2.data(), xs), view(sm.data(), cs), view(si.data(), cs),
+                            opt);
+    sync_batch_norm_backward(*comm, view(dy.data(), xs), view(x.data(), xs), view(gamma.data(), cs),
+                             view(sm.data(), cs), view(si.data(), cs), view(dx2.data(), xs),
+                             view(dg.data(), cs), view(db.data(), cs), opt);
     auto same = [&](const char* what, const std::vector<float>& a, const float* b) {
       for (size_t i = 0; i < a.size(); ++i)
         if (a[i] != b[i]) {

@@ -41,8 +41,8 @@ void apply(BnRef& r, const std::vector<float>& x, int64_t n, int64_t c, int64_t 
       for (int64_t s = 0; s < inner; ++s) {
         const int64_t i = (b * c + ch) * inner + s;
         const double xc = x[i] - r.mean[ch];
-        r.dx[i] = batch ? g * is * (dy[i] - sdy / count - xc * is * is * sdyx / count)
-                        : g * is * dy[i];
+        r.dx[i] =
+            batch ? g * is * (dy[i] - sdy / count - xc * is * is * sdyx / count) : g * is * dy[i];
       }
   }
 }
@@ -71,11 +71,10 @@ BnRef batch_norm_reference(const std::vector<float>& x, int64_t n, int64_t c, in
   return r;
 }
 
-BnRef batch_norm_eval_reference(const std::vector<float>& x, int64_t n, int64_t c,
-                                int64_t inner, const std::vector<float>& gamma,
-                                const std::vector<float>& beta, const std::vector<double>& mean,
-                                const std::vector<double>& var, double eps,
-                                const std::vector<float>& dy) {
+BnRef batch_norm_eval_reference(const std::vector<float>& x, int64_t n, int64_t c, int64_t inner,
+                                const std::vector<float>& gamma, const std::vector<float>& beta,
+                                const std::vector<double>& mean, const std::vector<double>& var,
+                                double eps, const std::vector<float>& dy) {
   BnRef r;
   r.mean = mean;
   r.var = var;

@@ -8,9 +8,9 @@
 namespace tpnorm_test {
 
 struct BnRef {
-  std::vector<double> mean, var;          // per channel; var biased
-  std::vector<double> y, dx;              // NCHW, like x
-  std::vector<double> dgamma, dbeta;      // per channel, sums over the whole batch
+  std::vector<double> mean, var;      // per channel; var biased
+  std::vector<double> y, dx;          // NCHW, like x
+  std::vector<double> dgamma, dbeta;  // per channel, sums over the whole batch
 };
 
 /// Training-mode BatchNorm of x, NCHW [n, c, inner]; gamma/beta may be empty (absent). With
@@ -21,11 +21,10 @@ BnRef batch_norm_reference(const std::vector<float>& x, int64_t n, int64_t c, in
 
 /// Eval-mode BatchNorm with fixed statistics: y = gamma*(x-mean)/sqrt(var+eps) + beta and
 /// dx = gamma*dy/sqrt(var+eps).
-BnRef batch_norm_eval_reference(const std::vector<float>& x, int64_t n, int64_t c,
-                                int64_t inner, const std::vector<float>& gamma,
-                                const std::vector<float>& beta, const std::vector<double>& mean,
-                                const std::vector<double>& var, double eps,
-                                const std::vector<float>& dy);
+BnRef batch_norm_eval_reference(const std::vector<float>& x, int64_t n, int64_t c, int64_t inner,
+                                const std::vector<float>& gamma, const std::vector<float>& beta,
+                                const std::vector<double>& mean, const std::vector<double>& var,
+                                double eps, const std::vector<float>& dy);
 
 /// [n, c, inner] -> [n, inner, c] and back.
 template <class V>

@@ -19,8 +19,7 @@ int world_size() {
   return s;
 }
 
-std::vector<float> normal(uint64_t seed, uint64_t stream, size_t n, double mean,
-                          double stddev) {
+std::vector<float> normal(uint64_t seed, uint64_t stream, size_t n, double mean, double stddev) {
   std::mt19937_64 gen(seed * 0x9e3779b97f4a7c15ULL + stream);
   std::vector<float> v(n);
   // Box-Muller on the raw generator: identical on every platform and rank.
@@ -70,8 +69,8 @@ double max_abs_err() { return g_max_abs_err; }
 double max_tolerance_used() { return g_max_tol_used; }
 void reset_max_abs_err() { g_max_abs_err = g_max_tol_used = 0; }
 
-int64_t count_wrong(const char* what, const float* got, const double* want, size_t n,
-                    double atol, double rtol) {
+int64_t count_wrong(const char* what, const float* got, const double* want, size_t n, double atol,
+                    double rtol) {
   int64_t wrong = 0;
   for (size_t i = 0; i < n; ++i) {
     const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
@@ -83,8 +82,7 @@ int64_t count_wrong(const char* what, const float* got, const double* want, size
     if (!(err <= tol)) {
       if (wrong < 5)
         std::fprintf(stderr, "[rank %d] %s[%zu]: got %.9g, want %.9g (err %.3g, tol %.3g)\n",
-                     world_rank(), what, i, got[i], want[i], err,
-                     atol + rtol * std::fabs(want[i]));
+                     world_rank(), what, i, got[i], want[i], err, atol + rtol * std::fabs(want[i]));
       ++wrong;
     }
   }

@@ -35,8 +35,8 @@ std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t co
 /// Counts elements with |got - want| > atol + rtol * |want| (NaN counts as wrong), prints the
 /// first few with the rank and `what`, and returns the count. Also updates max_abs_err() and
 /// max_tolerance_used().
-int64_t count_wrong(const char* what, const float* got, const double* want, size_t n,
-                    double atol, double rtol);
+int64_t count_wrong(const char* what, const float* got, const double* want, size_t n, double atol,
+                    double rtol);
 int64_t count_wrong(const char* what, const std::vector<float>& got,
                     const std::vector<double>& want, double atol, double rtol);
 double max_abs_err();

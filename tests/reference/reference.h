@@ -7,8 +7,8 @@
 namespace tpnorm_test {
 
 struct RowRef {
-  std::vector<double> y, mean, rstd;          // forward
-  std::vector<double> dx, dgamma, dbeta;      // backward
+  std::vector<double> y, mean, rstd;      // forward
+  std::vector<double> dx, dgamma, dbeta;  // backward
 };
 
 /// LayerNorm (centered) or RMSNorm on x [rows, h]; gamma/beta may be empty (absent).
@@ -27,8 +27,8 @@ RowRef row_norm_reference(bool centered, const std::vector<float>& x, int64_t ro
 struct RowStatTol {
   double mean_atol = 1e-6, rstd_rtol = 1e-6;
 };
-RowStatTol row_stat_tolerance(bool centered, const std::vector<float>& x, int64_t rows,
-                              int64_t h, const std::vector<int64_t>& offset,
-                              const std::vector<int64_t>& count, const RowRef& ref);
+RowStatTol row_stat_tolerance(bool centered, const std::vector<float>& x, int64_t rows, int64_t h,
+                              const std::vector<int64_t>& offset, const std::vector<int64_t>& count,
+                              const RowRef& ref);
 
 }  // namespace tpnorm_test

@@ -23,7 +23,7 @@ inline uint16_t float_to_f16_bits(float f) {
   uint16_t o;
   if (u >= 0x47800000u) {  // >= 2^16 (after rounding, everything from 65520 up is inf) or NaN
     o = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (u < 0x38800000u) {  // below 2^-14: a half subnormal or zero
+  } else if (u < 0x38800000u) {               // below 2^-14: a half subnormal or zero
     const uint32_t magic_bits = 0x3f000000u;  // 0.5: aligns the half's last mantissa bit
     float magic, v;
     std::memcpy(&magic, &magic_bits, 4);
@@ -76,19 +76,48 @@ class Buffer {
   void set(size_t i, float f) {
     using tpnorm::DType;
     switch (dtype_) {
-      case DType::F16: { uint16_t h = float_to_f16_bits(f); std::memcpy(&bytes_[2 * i], &h, 2); break; }
-      case DType::BF16: { uint16_t h = float_to_bf16_bits(f); std::memcpy(&bytes_[2 * i], &h, 2); break; }
-      case DType::F64: { double d = f; std::memcpy(&bytes_[8 * i], &d, 8); break; }
-      default: std::memcpy(&bytes_[4 * i], &f, 4);
+      case DType::F16: {
+        uint16_t h = float_to_f16_bits(f);
+        std::memcpy(&bytes_[2 * i], &h, 2);
+        break;
+      }
+      case DType::BF16: {
+        uint16_t h = float_to_bf16_bits(f);
+        std::memcpy(&bytes_[2 * i], &h, 2);
+        break;
+      }
+      case DType::F64: {
+        double d = f;
+        std::memcpy(&bytes_[8 * i], &d, 8);
+        break;
+      }
+      default:
+        std::memcpy(&bytes_[4 * i], &f, 4);
     }
   }
   float get(size_t i) const {
     using tpnorm::DType;
     switch (dtype_) {
-      case DType::F16: { uint16_t h; std::memcpy(&h, &bytes_[2 * i], 2); return f16_bits_to_float(h); }
-      case DType::BF16: { uint16_t h; std::memcpy(&h, &bytes_[2 * i], 2); return bf16_bits_to_float(h); }
-      case DType::F64: { double d; std::memcpy(&d, &bytes_[8 * i], 8); return static_cast<float>(d); }
-      default: { float f; std::memcpy(&f, &bytes_[4 * i], 4); return f; }
+      case DType::F16: {
+        uint16_t h;
+        std::memcpy(&h, &bytes_[2 * i], 2);
+        return f16_bits_to_float(h);
+      }
+      case DType::BF16: {
+        uint16_t h;
+        std::memcpy(&h, &bytes_[2 * i], 2);
+        return bf16_bits_to_float(h);
+      }
+      case DType::F64: {
+        double d;
+        std::memcpy(&d, &bytes_[8 * i], 8);
+        return static_cast<float>(d);
+      }
+      default: {
+        float f;
+        std::memcpy(&f, &bytes_[4 * i], 4);
+        return f;
+      }
     }
   }
   std::vector<float> floats() const {
@@ -109,9 +138,12 @@ class Buffer {
 /// Relative tolerance of one rounding to the storage dtype (outputs are rounded once).
 inline double storage_rtol(tpnorm::DType t) {
   switch (t) {
-    case tpnorm::DType::F16: return 1e-3;
-    case tpnorm::DType::BF16: return 8e-3;
-    default: return 1e-5;
+    case tpnorm::DType::F16:
+      return 1e-3;
+    case tpnorm::DType::BF16:
+      return 8e-3;
+    default:
+      return 1e-5;
   }
 }
 

@@ -60,7 +60,9 @@ int main(int argc, char** argv) {
         [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), 12, MPI_DOUBLE, MPI_SUM, raw); },
         [&] { comm->all_reduce_sum(buf.data(), 12, tpnorm::DType::F64); },
         [&] { off->all_reduce_sum(buf.data(), 12, tpnorm::DType::F64); },
-        [&] { ln(false, 0); }, [&] { ln(true, 0); }, [&] { ln(true, -1); }};
+        [&] { ln(false, 0); },
+        [&] { ln(true, 0); },
+        [&] { ln(true, -1); }};
     constexpr int kBlocks = 40, kCalls = 500;
     std::vector<std::vector<double>> blocks(modes.size());
     for (int b = 0; b < kBlocks; ++b)

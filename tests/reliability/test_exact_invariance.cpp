@@ -98,7 +98,7 @@ RowOut run_rows(Communicator& comm, const RowCase& c, int threads, int64_t c0, i
   const int64_t R = c.rows;
   Buffer xb(c.dt, columns(x, R, c.hidden, c0, h)), dyb(c.dt, columns(dy, R, c.hidden, c0, h));
   Buffer gb(c.dt, columns(gamma, 1, c.hidden, c0, h)), bb(c.dt, columns(beta, 1, c.hidden, c0, h));
-  RowOut o{Buffer(c.dt, R * h), Buffer(c.saved, R), Buffer(c.saved, R), Buffer(c.dt, R * h),
+  RowOut o{Buffer(c.dt, R * h), Buffer(c.saved, R), Buffer(c.saved, R),  Buffer(c.dt, R * h),
            Buffer(c.dt, h),     Buffer(c.dt, h),    Buffer(c.dt, R * h), Buffer(c.dt, R * h)};
   const Shape s{R, h}, p{h}, r{R};
   NormOptions opt;
@@ -127,36 +127,46 @@ RowOut run_rows(Communicator& comm, const RowCase& c, int threads, int64_t c0, i
     // Item 0: this case's norm on x; item 1: the other kind on f (no affine), with dy reversed.
     std::vector<float> dy2(dy.rbegin(), dy.rend());
     Buffer x2(c.dt, columns(f, R, c.hidden, c0, h)), dy2b(c.dt, columns(dy2, R, c.hidden, c0, h));
-    *second = RowOut{Buffer(c.dt, R * h), Buffer(c.saved, R), Buffer(c.saved, R),
-                     Buffer(c.dt, R * h), Buffer(c.dt, h),     Buffer(c.dt, h),
-                     Buffer(c.dt, 0),     Buffer(c.dt, 0)};
+    *second =
+        RowOut{Buffer(c.dt, R * h), Buffer(c.saved, R), Buffer(c.saved, R), Buffer(c.dt, R * h),
+               Buffer(c.dt, h),     Buffer(c.dt, h),    Buffer(c.dt, 0),    Buffer(c.dt, 0)};
     RowOut& o2 = *second;
     const TensorView bv = c.affine && c.centered ? bb.view(p) : TensorView{};
-    RowNormItem fwd[2] = {
-        {c.centered, xb.view(s), gv, bv, o.y.view(s), c.centered ? o.mean.view(r) : TensorView{},
-         o.rstd.view(r)},
-        {!c.centered, x2.view(s), {}, {}, o2.y.view(s), !c.centered ? o2.mean.view(r) : TensorView{},
-         o2.rstd.view(r)}};
+    RowNormItem fwd[2] = {{c.centered, xb.view(s), gv, bv, o.y.view(s),
+                           c.centered ? o.mean.view(r) : TensorView{}, o.rstd.view(r)},
+                          {!c.centered,
+                           x2.view(s),
+                           {},
+                           {},
+                           o2.y.view(s),
+                           !c.centered ? o2.mean.view(r) : TensorView{},
+                           o2.rstd.view(r)}};
     batched_norm_forward(comm, fwd, 2, opt);
     RowNormGradItem bwd[2] = {
         {c.centered, dyb.view(s), xb.view(s), gv, c.centered ? o.mean.view(r) : TensorView{},
          o.rstd.view(r), o.dx.view(s), c.affine ? o.dg.view(p) : TensorView{},
          c.affine && c.centered ? o.db.view(p) : TensorView{}},
-        {!c.centered, dy2b.view(s), x2.view(s), {}, !c.centered ? o2.mean.view(r) : TensorView{},
-         o2.rstd.view(r), o2.dx.view(s), {}, {}}};
+        {!c.centered,
+         dy2b.view(s),
+         x2.view(s),
+         {},
+         !c.centered ? o2.mean.view(r) : TensorView{},
+         o2.rstd.view(r),
+         o2.dx.view(s),
+         {},
+         {}}};
     batched_norm_backward(comm, bwd, 2, opt);
     return o;
   }
   if (c.centered) {
     const TensorView bv = c.affine ? bb.view(p) : TensorView{};
-    layer_norm_forward(comm, xb.view(s), gv, bv, o.y.view(s), o.mean.view(r), o.rstd.view(r),
-                       opt);
+    layer_norm_forward(comm, xb.view(s), gv, bv, o.y.view(s), o.mean.view(r), o.rstd.view(r), opt);
     layer_norm_backward(comm, dyb.view(s), xb.view(s), gv, o.mean.view(r), o.rstd.view(r),
                         o.dx.view(s), o.dg.view(p), o.db.view(p), opt);
   } else {
     rms_norm_forward(comm, xb.view(s), gv, o.y.view(s), o.rstd.view(r), opt);
-    rms_norm_backward(comm, dyb.view(s), xb.view(s), gv, o.rstd.view(r), o.dx.view(s),
-                      o.dg.view(p), opt);
+    rms_norm_backward(comm, dyb.view(s), xb.view(s), gv, o.rstd.view(r), o.dx.view(s), o.dg.view(p),
+                      opt);
   }
   return o;
 }
@@ -179,8 +189,8 @@ PropertyCase draw_rows(std::mt19937_64& g, int P) {
   c.threads_sharded = 3 - c.threads_one;
   std::string w;
   for (int x : c.weights) w += std::to_string(x) + ",";
-  const std::string what = kind_name(c.kind) + std::string(c.centered ? "LayerNorm" : "RMSNorm") + " P=" +
-                           std::to_string(P) + " [" + std::to_string(c.rows) + "x" +
+  const std::string what = kind_name(c.kind) + std::string(c.centered ? "LayerNorm" : "RMSNorm") +
+                           " P=" + std::to_string(P) + " [" + std::to_string(c.rows) + "x" +
                            std::to_string(c.hidden) + "] " + dtype_name(c.dt) + " saved " +
                            dtype_name(c.saved) + " offset " + std::to_string(c.offset) +
                            (c.affine ? " affine" : "") + " weights " + w;
@@ -264,9 +274,14 @@ BnOut run_bn(Communicator& comm, const BnCase& c, int threads, int64_t b0, int64
   if (c.channels_last) xs.dims[xs.ndim++] = c.c;
   Buffer xb(c.dt, samples(x, per, b0, nb)), dyb(c.dt, samples(dy, per, b0, nb));
   Buffer gb(c.dt, gamma), bb(c.dt, beta);
-  BnOut o{Buffer(c.dt, nb * per), Buffer(c.saved, c.c), Buffer(c.saved, c.c),
-          Buffer(c.saved, std::vector<float>(c.c, 0.5f)), Buffer(c.saved, std::vector<float>(c.c, 2.0f)),
-          Buffer(c.dt, nb * per), Buffer(c.dt, c.c), Buffer(c.dt, c.c)};
+  BnOut o{Buffer(c.dt, nb * per),
+          Buffer(c.saved, c.c),
+          Buffer(c.saved, c.c),
+          Buffer(c.saved, std::vector<float>(c.c, 0.5f)),
+          Buffer(c.saved, std::vector<float>(c.c, 2.0f)),
+          Buffer(c.dt, nb * per),
+          Buffer(c.dt, c.c),
+          Buffer(c.dt, c.c)};
   const Shape cs{c.c};
   BatchNormOptions opt;
   opt.stats = Stats::kExact;
@@ -276,8 +291,8 @@ BnOut run_bn(Communicator& comm, const BnCase& c, int threads, int64_t b0, int64
   const TensorView bv = c.affine ? bb.view(cs) : TensorView{};
   sync_batch_norm_forward(comm, xb.view(xs), gv, bv, o.rmean.view(cs), o.rvar.view(cs), nullptr,
                           o.y.view(xs), o.mean.view(cs), o.invstd.view(cs), opt);
-  sync_batch_norm_backward(comm, dyb.view(xs), xb.view(xs), gv, o.mean.view(cs),
-                           o.invstd.view(cs), o.dx.view(xs), c.affine ? o.dg.view(cs) : TensorView{},
+  sync_batch_norm_backward(comm, dyb.view(xs), xb.view(xs), gv, o.mean.view(cs), o.invstd.view(cs),
+                           o.dx.view(xs), c.affine ? o.dg.view(cs) : TensorView{},
                            c.affine ? o.db.view(cs) : TensorView{}, opt);
   return o;
 }
@@ -323,7 +338,8 @@ PropertyCase draw_bn(std::mt19937_64& g, int P) {
                             bits_differ("running_var", got.rvar, want.rvar) +
                             bits_differ("dx", got.dx, wdx);
             if (P == 1 && c.affine)
-              wrong += bits_differ("dgamma", got.dg, want.dg) + bits_differ("dbeta", got.db, want.db);
+              wrong +=
+                  bits_differ("dgamma", got.dg, want.dg) + bits_differ("dbeta", got.db, want.db);
             return wrong;
           }};
 }
@@ -365,7 +381,7 @@ GnOut run_gn(Communicator& comm, const GnCase& c, int threads, int64_t c0, int64
   Buffer gb(c.dt, chans(gamma, 1, c.c, 1, c0, nc)), bb(c.dt, chans(beta, 1, c.c, 1, c0, nc));
   const int64_t ng = c.n * c.groups;
   GnOut o{Buffer(c.dt, c.n * nc * inner), Buffer(c.saved, ng), Buffer(c.saved, ng),
-          Buffer(c.dt, c.n * nc * inner), Buffer(c.dt, nc), Buffer(c.dt, nc)};
+          Buffer(c.dt, c.n * nc * inner), Buffer(c.dt, nc),    Buffer(c.dt, nc)};
   const Shape cs{nc}, gs{ng};
   NormOptions opt;
   opt.stats = Stats::kExact;
@@ -398,8 +414,8 @@ PropertyCase draw_gn(std::mt19937_64& g, int P) {
   for (int x : c.weights) w += std::to_string(x) + ",";
   const std::string what = "GroupNorm P=" + std::to_string(P) + " N=" + std::to_string(c.n) +
                            " C=" + std::to_string(c.c) + " G=" + std::to_string(c.groups) + " " +
-                           dtype_name(c.dt) + " offset " + std::to_string(c.offset) +
-                           " weights " + w;
+                           dtype_name(c.dt) + " offset " + std::to_string(c.offset) + " weights " +
+                           w;
   return {"GroupNorm", what, [c](Communicator& comm, uint64_t seed) {
             int64_t inner = 1;
             for (int64_t d : c.spatial) inner *= d;
@@ -464,7 +480,7 @@ TEST(ExactInvariance, VarianceExactOnSmallCases) {
         s1 += m;
         s2 += m * m;
       }
-      const __int128 num = H * s2 - s1 * s1;  // < 2^53 here: exact in double
+      const __int128 num = H * s2 - s1 * s1;                      // < 2^53 here: exact in double
       mean_ref[r] = std::ldexp(static_cast<double>(s1), -k) / H;  // power-of-two divisor
       const double var = std::ldexp(static_cast<double>(num), -2 * k) / (H * H);
       rstd_ref[r] = 1.0 / std::sqrt(var + 1e-5);
@@ -489,8 +505,10 @@ TEST(ExactInvariance, VarianceExactOnSmallCases) {
       }
     }
     if (me == 0)
-      std::printf("exact: P=%d offset %g: largest relative rstd error, kExact %.3g, kRobust "
-                  "%.3g\n", P, offset, err[0], err[1]);
+      std::printf(
+          "exact: P=%d offset %g: largest relative rstd error, kExact %.3g, kRobust "
+          "%.3g\n",
+          P, offset, err[0], err[1]);
   }
 }
 

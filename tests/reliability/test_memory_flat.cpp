@@ -1,7 +1,7 @@
 // 10^5 consecutive calls (LayerNorm / RMSNorm forward and backward; every 50th call is a
-// forward with a bad eps on rank 0, so the error path with its diagnostic collective is exercised too) must leave the
-// resident set flat: a leak of 8 bytes per call would add 800 KB. The resident size is read
-// from /proc/self/statm after a warm-up of 10^4 calls and after the 10^5 calls.
+// forward with a bad eps on rank 0, so the error path with its diagnostic collective is exercised
+// too) must leave the resident set flat: a leak of 8 bytes per call would add 800 KB. The resident
+// size is read from /proc/self/statm after a warm-up of 10^4 calls and after the 10^5 calls.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -31,8 +31,8 @@ TEST(MemoryFlat, HundredThousandCallsKeepResidentMemoryFlat) {
   comm->set_strict_calls(16);  // the default: strict first calls, then folded
   const int64_t R = 4, h = 8;
   const Shape s{R, h}, r{R}, p{h};
-  std::vector<float> x = normal(1, world_rank(), R * h), y(R * h), dx(R * h), g(h, 1.f),
-                     dg(h), db(h), mean(R), rstd(R);
+  std::vector<float> x = normal(1, world_rank(), R * h), y(R * h), dx(R * h), g(h, 1.f), dg(h),
+                     db(h), mean(R), rstd(R);
   int64_t errors = 0;
   auto call = [&](int64_t i) {
     NormOptions o;

@@ -37,11 +37,13 @@ struct Case {
     std::string w;
     for (int v : weights) w += std::to_string(v);
     char b[200];
-    std::snprintf(b, sizeof b, "%s P=%d rows=%lld hidden=%lld split=%s affine=%d %s saved=%s %s "
-                  "check=%d strict=%lld", centered ? "LayerNorm" : "RMSNorm", P,
-                  static_cast<long long>(rows), static_cast<long long>(hidden), w.c_str(), affine,
-                  dtype_name(dt), dtype_name(saved), stats == Stats::kRobust ? "robust" : "naive",
-                  check, static_cast<long long>(strict));
+    std::snprintf(b, sizeof b,
+                  "%s P=%d rows=%lld hidden=%lld split=%s affine=%d %s saved=%s %s "
+                  "check=%d strict=%lld",
+                  centered ? "LayerNorm" : "RMSNorm", P, static_cast<long long>(rows),
+                  static_cast<long long>(hidden), w.c_str(), affine, dtype_name(dt),
+                  dtype_name(saved), stats == Stats::kRobust ? "robust" : "naive", check,
+                  static_cast<long long>(strict));
     return b;
   }
 };
@@ -121,8 +123,8 @@ int64_t run_case(Communicator& comm, const Case& c, uint64_t seed) {
   const double rs_max = *std::max_element(ref.rstd.begin(), ref.rstd.end());
   int64_t wrong = count_wrong("y", y.floats(), cols(ref.y, R), rt + st, rt + st) +
                   count_wrong("rstd", rstd.floats(), ref.rstd, 0, st) +
-                  count_wrong("dx", dx.floats(), cols(ref.dx, R),
-                              (rt + st) * std::max(1.0, rs_max), 10 * rt + st) +
+                  count_wrong("dx", dx.floats(), cols(ref.dx, R), (rt + st) * std::max(1.0, rs_max),
+                              10 * rt + st) +
                   count_wrong("dgamma", dg.floats(), cols(ref.dgamma, 1), (rt + st) * R, rt);
   if (c.centered)
     wrong += count_wrong("mean", mean.floats(), ref.mean, st, st) +

@@ -24,7 +24,8 @@ tpnorm::Communicator& group_comm(const std::vector<int>& sizes) {
   auto& c = cache[sizes];
   if (!c) {
     int group = 0;
-    for (int end = sizes[0]; world_rank() >= end; end += sizes[++group]) {}
+    for (int end = sizes[0]; world_rank() >= end; end += sizes[++group]) {
+    }
     MPI_Comm sub;
     MPI_Comm_split(MPI_COMM_WORLD, group, world_rank(), &sub);
     c = tpnorm::make_mpi_communicator(sub);
@@ -46,9 +47,9 @@ void run_random_cases(int cases, uint64_t seed0, const CaseDrawer& draw) {
   std::mt19937_64 g(seed0);  // the same draws on every rank
   int64_t bad_cases = 0, ran = 0;
   std::vector<int> by_size(W + 1, 0);
-  std::map<std::string, int> by_op;        // the same keys on every rank: the draws are shared
+  std::map<std::string, int> by_op;  // the same keys on every rank: the draws are shared
   std::map<std::string, double> worst_err, worst_use;  // this rank's largest |got - want| and
-                                                      // err / tolerance, per op
+                                                       // err / tolerance, per op
   for (int i = 0; i < cases;) {
     std::vector<int> sizes;
     for (int left = W; left > 0; left -= sizes.back()) sizes.push_back(1 + pick(g, left));
@@ -82,8 +83,10 @@ void run_random_cases(int cases, uint64_t seed0, const CaseDrawer& draw) {
     // Collectives: every rank, in the map's (shared) order.
     const double worst = max_over_ranks(worst_err[op]), use = max_over_ranks(worst_use[op]);
     if (me == 0)
-      std::printf("property: %-16s %4d cases, largest |got - want| %.3g, worst element at "
-                  "%.2f of its tolerance\n", op.c_str(), n, worst, use);
+      std::printf(
+          "property: %-16s %4d cases, largest |got - want| %.3g, worst element at "
+          "%.2f of its tolerance\n",
+          op.c_str(), n, worst, use);
   }
 }
 

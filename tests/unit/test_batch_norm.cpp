@@ -23,9 +23,9 @@ TEST(BatchNormWorkedExample, FourImagesOneChannel) {
   int64_t tracked = 0;
   auto comm = make_single_communicator();
   const Shape s{4, 1, 2, 2}, c{1};
-  sync_batch_norm_forward(*comm, view(x.data(), s), {}, {}, view(rm.data(), c),
-                          view(rv.data(), c), &tracked, view(y.data(), s),
-                          view(mean.data(), c), view(invstd.data(), c));
+  sync_batch_norm_forward(*comm, view(x.data(), s), {}, {}, view(rm.data(), c), view(rv.data(), c),
+                          &tracked, view(y.data(), s), view(mean.data(), c),
+                          view(invstd.data(), c));
   EXPECT_FLOAT_EQ(mean[0], 5.0f);
   EXPECT_NEAR(1.0 / (invstd[0] * invstd[0]) - 1e-5, 5.5, 1e-5);
   EXPECT_NEAR(y[0], -1.706, 5e-4);  // the notes round to 3 decimals
@@ -37,12 +37,13 @@ TEST(BatchNormWorkedExample, FourImagesOneChannel) {
   EXPECT_EQ(tracked, 1);
 }
 
-// (1, 2, 3) * 1e4 + N(0,1): the default (robust) statistics keep the variance; float64 saved statistics
-// keep x - mean for the outputs. Channels-last with 3 channels of different offsets.
+// (1, 2, 3) * 1e4 + N(0,1): the default (robust) statistics keep the variance; float64 saved
+// statistics keep x - mean for the outputs. Channels-last with 3 channels of different offsets.
 TEST(BatchNormRobust, LargeMeanSmallStd) {
   const int64_t n = 6, c = 3, inner = 2000;  // enough values for accumulation error to show
   std::vector<float> x = tpnorm_test::normal(3, 0, n * c * inner);
-  for (int64_t i = 0; i < n * c * inner; ++i) x[i] += 1e4f * static_cast<float>((i / inner) % c + 1);
+  for (int64_t i = 0; i < n * c * inner; ++i)
+    x[i] += 1e4f * static_cast<float>((i / inner) % c + 1);
   const auto ref = tpnorm_test::batch_norm_reference(x, n, c, inner, {}, {}, 1e-5);
   const auto xcl = tpnorm_test::to_channels_last(x, n, c, inner);
   std::vector<float> y(x.size());
@@ -51,9 +52,8 @@ TEST(BatchNormRobust, LargeMeanSmallStd) {
   BatchNormOptions opt;
   opt.layout = Layout::kChannelsLast;
   const Shape s{n, inner, c};
-  sync_batch_norm_forward(*comm, view(xcl.data(), s), {}, {}, {}, {}, nullptr,
-                          view(y.data(), s), {mean.data(), DType::F64, {c}},
-                          {invstd.data(), DType::F64, {c}}, opt);
+  sync_batch_norm_forward(*comm, view(xcl.data(), s), {}, {}, {}, {}, nullptr, view(y.data(), s),
+                          {mean.data(), DType::F64, {c}}, {invstd.data(), DType::F64, {c}}, opt);
   std::vector<double> want_is(c);
   for (int64_t ch = 0; ch < c; ++ch) want_is[ch] = 1 / std::sqrt(ref.var[ch] + 1e-5);
   std::vector<float> invf(invstd.begin(), invstd.end());
@@ -78,17 +78,16 @@ TEST(BatchNormLarge, ChannelsLastStreamingPath) {
   BatchNormOptions opt;
   opt.layout = Layout::kChannelsLast;
   const Shape s{n, inner, c}, cs{c};
-  sync_batch_norm_forward(*comm, view(xcl.data(), s), view(gamma.data(), cs),
-                          view(beta.data(), cs), {}, {}, nullptr, view(y.data(), s),
-                          view(mean.data(), cs), view(invstd.data(), cs), opt);
-  sync_batch_norm_backward(*comm, view(dycl.data(), s), view(xcl.data(), s),
-                           view(gamma.data(), cs), view(mean.data(), cs),
-                           view(invstd.data(), cs), view(dx.data(), s), view(dg.data(), cs),
-                           view(db.data(), cs), opt);
+  sync_batch_norm_forward(*comm, view(xcl.data(), s), view(gamma.data(), cs), view(beta.data(), cs),
+                          {}, {}, nullptr, view(y.data(), s), view(mean.data(), cs),
+                          view(invstd.data(), cs), opt);
+  sync_batch_norm_backward(*comm, view(dycl.data(), s), view(xcl.data(), s), view(gamma.data(), cs),
+                           view(mean.data(), cs), view(invstd.data(), cs), view(dx.data(), s),
+                           view(dg.data(), cs), view(db.data(), cs), opt);
   EXPECT_EQ(count_wrong("y", tpnorm_test::from_channels_last(y, n, c, inner), ref.y, 1e-5, 1e-5),
             0);
-  EXPECT_EQ(count_wrong("dx", tpnorm_test::from_channels_last(dx, n, c, inner), ref.dx, 1e-5,
-                        1e-4), 0);
+  EXPECT_EQ(count_wrong("dx", tpnorm_test::from_channels_last(dx, n, c, inner), ref.dx, 1e-5, 1e-4),
+            0);
   EXPECT_EQ(count_wrong("dbeta", db, ref.dbeta, 1e-5 * n * inner, 1e-5), 0);
 }
 
@@ -102,20 +101,20 @@ TEST(BatchNormTraffic, OneCollectivePerTrainingCallNoneInEval) {
   std::vector<float> rm(c, 0.f), rv(c, 1.f), sm(c), si(c);
   const Shape s{n, c, 3}, cs{c};
   for (Stats mode : {Stats::kRobust, Stats::kNaive})
-  for (bool training : {true, false}) {
-    BatchNormOptions opt;
-    opt.training = training;
-    opt.stats = mode;
-    const uint64_t vsize = mode == Stats::kRobust ? 8 : 4;
-    comm->reset_counters();
-    sync_batch_norm_forward(*comm, view(x.data(), s), {}, {}, view(rm.data(), cs),
-                            view(rv.data(), cs), nullptr, view(y.data(), s), view(sm.data(), cs),
-                            view(si.data(), cs), opt);
-    sync_batch_norm_backward(*comm, view(x.data(), s), view(x.data(), s), {}, view(sm.data(), cs),
-                             view(si.data(), cs), view(dx.data(), s), {}, {}, opt);
-    EXPECT_EQ(comm->counters().calls, training ? 2u : 0u);
-    EXPECT_EQ(comm->counters().bytes_sent, training ? 2u * (2 * c + 10) * vsize : 0u);
-  }
+    for (bool training : {true, false}) {
+      BatchNormOptions opt;
+      opt.training = training;
+      opt.stats = mode;
+      const uint64_t vsize = mode == Stats::kRobust ? 8 : 4;
+      comm->reset_counters();
+      sync_batch_norm_forward(*comm, view(x.data(), s), {}, {}, view(rm.data(), cs),
+                              view(rv.data(), cs), nullptr, view(y.data(), s), view(sm.data(), cs),
+                              view(si.data(), cs), opt);
+      sync_batch_norm_backward(*comm, view(x.data(), s), view(x.data(), s), {}, view(sm.data(), cs),
+                               view(si.data(), cs), view(dx.data(), s), {}, {}, opt);
+      EXPECT_EQ(comm->counters().calls, training ? 2u : 0u);
+      EXPECT_EQ(comm->counters().bytes_sent, training ? 2u * (2 * c + 10) * vsize : 0u);
+    }
 }
 
 // A training call with one value per channel is an error (as PyTorch); nothing is written.
@@ -139,8 +138,8 @@ TEST(BatchNormErrors, OneValuePerChannelInTrainingLeavesStateUntouched) {
   // Eval uses the running statistics, so one sample is fine there.
   BatchNormOptions eval;
   eval.training = false;
-  sync_batch_norm_forward(*comm, view(x.data(), s), {}, {}, view(rm.data(), c),
-                          view(rv.data(), c), &tracked, view(y.data(), s), {}, {}, eval);
+  sync_batch_norm_forward(*comm, view(x.data(), s), {}, {}, view(rm.data(), c), view(rv.data(), c),
+                          &tracked, view(y.data(), s), {}, {}, eval);
   EXPECT_NEAR(y[0], (1 - 3) / std::sqrt(4 + 1e-5), 1e-6);
   EXPECT_EQ(tracked, 5);
 }
@@ -150,10 +149,10 @@ TEST(BatchNormErrors, CumulativeMomentumNeedsTheCounter) {
   std::vector<float> x(8, 1.f), y(8), rm(2), rv(2, 1.f);
   BatchNormOptions opt;
   opt.momentum = BatchNormOptions::cumulative();
-  EXPECT_THROW(sync_batch_norm_forward(*comm, view(x.data(), {4, 2}), {}, {},
-                                       view(rm.data(), {2}), view(rv.data(), {2}), nullptr,
-                                       view(y.data(), {4, 2}), {}, {}, opt),
-               Error);
+  EXPECT_THROW(
+      sync_batch_norm_forward(*comm, view(x.data(), {4, 2}), {}, {}, view(rm.data(), {2}),
+                              view(rv.data(), {2}), nullptr, view(y.data(), {4, 2}), {}, {}, opt),
+      Error);
 }
 
 // The naive mode's float32 count stops being exact at 2^24 values per channel: refused, with

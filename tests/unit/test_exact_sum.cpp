@@ -138,10 +138,10 @@ TEST(ExactSum, AccumulateMatchesBins) {
       std::vector<float> v(n);
       for (float& x : v) {
         x = normal(rng);
-        if (kind == 1 && rng() % 7 == 0) x = 0.0f;                     // zeros
-        if (kind == 2 && rng() % 5 == 0) x = std::ldexp(x, -40);       // below the window
-        if (kind == 3 && rng() % 3 == 0) x = std::ldexp(x, -140);      // subnormals
-        if (kind == 3 && rng() % 11 == 0) x = 1e6f + x;                // and a large offset
+        if (kind == 1 && rng() % 7 == 0) x = 0.0f;                 // zeros
+        if (kind == 2 && rng() % 5 == 0) x = std::ldexp(x, -40);   // below the window
+        if (kind == 3 && rng() % 3 == 0) x = std::ldexp(x, -140);  // subnormals
+        if (kind == 3 && rng() % 11 == 0) x = 1e6f + x;            // and a large offset
       }
       inputs.push_back(v);
     }

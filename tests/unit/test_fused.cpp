@@ -25,16 +25,16 @@ std::vector<float> rounded(DType dt, const std::vector<float>& v) { return Buffe
 // are exact by hand: N encoder layers, M decoder layers.
 TEST(Fused, DeepNormPresets) {
   using S = DeepNormStack;
-  EXPECT_NEAR(deepnorm_alpha(S::kEncoderOnly, 8, 0), 2.0, 1e-15);                 // (2*8)^(1/4)
+  EXPECT_NEAR(deepnorm_alpha(S::kEncoderOnly, 8, 0), 2.0, 1e-15);                  // (2*8)^(1/4)
   EXPECT_NEAR(deepnorm_alpha(S::kEncoderOnly, 100, 0), 3.760603093086394, 1e-12);  // 200^(1/4)
-  EXPECT_NEAR(deepnorm_alpha(S::kDecoderOnly, 0, 8), 2.0, 1e-15);                 // (2*8)^(1/4)
-  EXPECT_NEAR(deepnorm_alpha(S::kDecoderOnly, 0, 18), 2.449489742783178, 1e-12);  // 36^(1/4)
+  EXPECT_NEAR(deepnorm_alpha(S::kDecoderOnly, 0, 8), 2.0, 1e-15);                  // (2*8)^(1/4)
+  EXPECT_NEAR(deepnorm_alpha(S::kDecoderOnly, 0, 18), 2.449489742783178, 1e-12);   // 36^(1/4)
   // 0.81 (N^4 M)^(1/16) with N = 2, M = 16: 0.81 * 256^(1/16) = 0.81 * sqrt(2)
   EXPECT_NEAR(deepnorm_alpha(S::kEncoderOfEncoderDecoder, 2, 16), 1.1455129855222068, 1e-12);
   EXPECT_NEAR(deepnorm_alpha(S::kDecoderOfEncoderDecoder, 2, 27), 3.0, 1e-15);  // (3*27)^(1/4)
 
-  EXPECT_NEAR(deepnorm_beta(S::kEncoderOnly, 2, 0), 0.5, 1e-15);   // (8*2)^(-1/4)
-  EXPECT_NEAR(deepnorm_beta(S::kDecoderOnly, 0, 32), 0.25, 1e-15); // (8*32)^(-1/4)
+  EXPECT_NEAR(deepnorm_beta(S::kEncoderOnly, 2, 0), 0.5, 1e-15);    // (8*2)^(-1/4)
+  EXPECT_NEAR(deepnorm_beta(S::kDecoderOnly, 0, 32), 0.25, 1e-15);  // (8*32)^(-1/4)
   // 0.87 (N^4 M)^(-1/16) with N = 2, M = 16: 0.87 / sqrt(2)
   EXPECT_NEAR(deepnorm_beta(S::kEncoderOfEncoderDecoder, 2, 16), 0.6151828996322963, 1e-12);
   EXPECT_NEAR(deepnorm_beta(S::kDecoderOfEncoderDecoder, 2, 108), 1.0 / 6.0, 1e-15);  // 1296^(-1/4)

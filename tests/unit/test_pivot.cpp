@@ -75,8 +75,8 @@ void expect_pivot_from_rule(double kernel_sum, const std::vector<float>& v, cons
   if (v.size() > 1) {
     ASSERT_NE(pivoted_sum(v, p), pivoted_sum(v, v[0])) << what << ": cannot tell x[0] apart";
   }
-  EXPECT_EQ(kernel_sum, pivoted_sum(v, p)) << what << " (pivot " << p << ", x[0] would give "
-                                           << pivoted_sum(v, v[0]) << ")";
+  EXPECT_EQ(kernel_sum, pivoted_sum(v, p))
+      << what << " (pivot " << p << ", x[0] would give " << pivoted_sum(v, v[0]) << ")";
 }
 
 // Lengths below, at and above the span.
@@ -84,8 +84,8 @@ const int64_t kLengths[] = {1, 8, 16, kPivotSpan, 100, 1000};
 
 TEST(RobustPivot, MeanOfTheFirstSpanValues) {
   // v[i] = i for i < span, 1000 after: the pivot of n values is (min(n, span) - 1) / 2 exactly.
-  for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{7}, kPivotSpan - 1, kPivotSpan,
-                    kPivotSpan + 1, int64_t{200}}) {
+  for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{7}, kPivotSpan - 1, kPivotSpan, kPivotSpan + 1,
+                    int64_t{200}}) {
     std::vector<float> v;
     for (int64_t i = 0; i < n; ++i) v.push_back(i < kPivotSpan ? static_cast<float>(i) : 1000.0f);
     const float want = static_cast<float>(std::min(n, kPivotSpan) - 1) / 2;

@@ -31,11 +31,10 @@ Out run_rows(bool centered, const std::vector<float>& x, int64_t rows, int64_t h
   const TensorView g = gamma.empty() ? TensorView{} : view(gamma.data(), p);
   const TensorView b = beta.empty() ? TensorView{} : view(beta.data(), p);
   if (centered)
-    layer_norm_forward(*comm, view(x.data(), s), g, b, view(o.y.data(), s),
-                       view(o.mean.data(), r), view(o.rstd.data(), r), opt);
+    layer_norm_forward(*comm, view(x.data(), s), g, b, view(o.y.data(), s), view(o.mean.data(), r),
+                       view(o.rstd.data(), r), opt);
   else
-    rms_norm_forward(*comm, view(x.data(), s), g, view(o.y.data(), s), view(o.rstd.data(), r),
-                     opt);
+    rms_norm_forward(*comm, view(x.data(), s), g, view(o.y.data(), s), view(o.rstd.data(), r), opt);
   if (dy.empty()) return o;
   o.dx.assign(x.size(), 0.f);
   o.dgamma.assign(h, 0.f);
@@ -68,8 +67,7 @@ TEST(RowNorm, SeedNotesWorkedRows) {
 }
 
 TEST(RowNorm, ZeroVarianceRowGivesBeta) {
-  const std::vector<float> x(6, 3.25f), gamma = {2, 2, 2, 2, 2, 2},
-                                        beta = {0.5f, -1, 2, 0, 7, -3};
+  const std::vector<float> x(6, 3.25f), gamma = {2, 2, 2, 2, 2, 2}, beta = {0.5f, -1, 2, 0, 7, -3};
   const Out o = run_rows(true, x, 1, 6, gamma, beta);
   for (int j = 0; j < 6; ++j) EXPECT_EQ(o.y[j], beta[j]);
   EXPECT_EQ(o.mean[0], 3.25f);
@@ -93,8 +91,8 @@ TEST_P(RowNormVsReference, ForwardAndBackward) {
   const auto gamma = affine ? tpnorm_test::normal(1, 2, h, 1.0, 0.5) : std::vector<float>{};
   const auto beta = affine ? tpnorm_test::normal(1, 3, h) : std::vector<float>{};
   const Out o = run_rows(centered, x, rows, h, gamma, centered ? beta : std::vector<float>{}, dy);
-  const auto ref = tpnorm_test::row_norm_reference(centered, x, rows, h, gamma,
-                                                   centered ? beta : std::vector<float>{}, 1e-5, dy);
+  const auto ref = tpnorm_test::row_norm_reference(
+      centered, x, rows, h, gamma, centered ? beta : std::vector<float>{}, 1e-5, dy);
   EXPECT_EQ(count_wrong("y", o.y, ref.y, 1e-5, 1e-5), 0);
   EXPECT_EQ(count_wrong("rstd", o.rstd, ref.rstd, 0, 1e-6), 0);
   if (centered) {
@@ -109,16 +107,16 @@ TEST_P(RowNormVsReference, ForwardAndBackward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, RowNormVsReference,
-    ::testing::Combine(::testing::Bool(), ::testing::Values(1, 71, 29),
-                       ::testing::Values(1, 229, 541, 4096), ::testing::Bool()),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) ? "LayerNorm" : "RMSNorm") + "_" +
-             std::to_string(std::get<1>(info.param)) + "x" +
-             std::to_string(std::get<2>(info.param)) +
-             (std::get<3>(info.param) ? "_affine" : "_plain");
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, RowNormVsReference,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(1, 71, 29),
+                                            ::testing::Values(1, 229, 541, 4096),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "LayerNorm" : "RMSNorm") +
+                                  "_" + std::to_string(std::get<1>(info.param)) + "x" +
+                                  std::to_string(std::get<2>(info.param)) +
+                                  (std::get<3>(info.param) ? "_affine" : "_plain");
+                         });
 
 // d(loss)/d(input) by central differences of the op itself, loss = sum(y * w).
 TEST(RowNorm, FiniteDifferenceGradients) {
@@ -166,8 +164,7 @@ TEST(RowNorm, LargeOffsetRobustDefaultNaiveFails) {
   naive.stats = Stats::kNaive;
   const Out bad = run_rows(true, x, rows, h, {}, {}, {}, naive);
   double worst = 0;
-  for (size_t i = 0; i < bad.y.size(); ++i)
-    worst = std::max(worst, std::fabs(bad.y[i] - ref.y[i]));
+  for (size_t i = 0; i < bad.y.size(); ++i) worst = std::max(worst, std::fabs(bad.y[i] - ref.y[i]));
   std::printf("1e4 offset, naive:  max |y - ref| = %.3g\n", worst);
   EXPECT_GT(worst, 1e-2) << "naive float32 moments were expected to cancel here";
 }

@@ -64,7 +64,8 @@ class CudaCommBase : public detail::DeviceCommunicator {
   CudaCommBase(cudaStream_t stream, int device)
       : stream_(stream),
         device_(device),
-        ws_([this](size_t n) {
+        ws_(
+            [this](size_t n) {
               detail::DeviceGuard g(device_);
               void* p = nullptr;
               TPNORM_CHECK(CUDA, cudaMalloc(&p, n));
@@ -161,8 +162,8 @@ struct MpiDup {
     for (size_t done = 0; done < count; done += kChunk) {
       const size_t n = std::min(kChunk, count - done);
       MPI_Request req;
-      TPNORM_CHECK(MPI, MPI_Iallreduce(MPI_IN_PLACE, p + done * dtype_size(t),
-                                       static_cast<int>(n), mpi_type(t), MPI_SUM, comm, &req));
+      TPNORM_CHECK(MPI, MPI_Iallreduce(MPI_IN_PLACE, p + done * dtype_size(t), static_cast<int>(n),
+                                       mpi_type(t), MPI_SUM, comm, &req));
       int rc = MPI_SUCCESS;
       const bool in_time = poll_until(timeout_s, [&] {
         int flag = 0;
@@ -258,11 +259,16 @@ class MpiStagedCommunicator final : public CudaCommBase {
 #ifdef TPNORM_WITH_NCCL
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::F64: return ncclFloat64;
-    case DType::I64: return ncclInt64;
-    case DType::F16: return ncclFloat16;
-    case DType::BF16: return ncclBfloat16;
-    default: return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::I64:
+      return ncclInt64;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::BF16:
+      return ncclBfloat16;
+    default:
+      return ncclFloat32;
   }
 }
 
@@ -287,8 +293,7 @@ int nccl_device(ncclComm_t c) {
 /// The device of `stream`, or -1 for the legacy / per-thread default stream (which runs on
 /// whatever device is current when work is enqueued).
 int stream_device(cudaStream_t stream) {
-  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
-    return -1;
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return -1;
   int d = -1;
   TPNORM_CHECK(CUDA, cudaStreamGetDevice(stream, &d));
   return d;
@@ -337,9 +342,9 @@ class NcclCommunicator final : public CudaCommBase {
       if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess || r == ncclSuccess ||
           r == ncclInProgress)
         return {};
-      return "tpnorm watchdog: rank " + std::to_string(rank_) + " of " +
-             std::to_string(size_) + ": NCCL reported an asynchronous error: " +
-             detail::NCCL_error_string(r) + "; aborting the job";
+      return "tpnorm watchdog: rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+             ": NCCL reported an asynchronous error: " + detail::NCCL_error_string(r) +
+             "; aborting the job";
     };
     h.describe = [this](const char* op, uint64_t seq) { return watchdog_message(op, seq); };
     h.fire = [this](const std::string& m) { end_job(m); };
@@ -477,9 +482,9 @@ void agree_or_throw(MPI_Comm comm, const std::string& local_error, const char* s
   char msg[512] = {};
   if (me == first) std::strncpy(msg, local_error.c_str(), sizeof msg - 1);
   TPNORM_CHECK(MPI, MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, comm));
-  throw Error(ErrorCode::kCommunication, std::string("tpnorm: make_nccl_communicator: ") +
-                                             step + " failed on rank " +
-                                             std::to_string(first) + ": " + msg);
+  throw Error(ErrorCode::kCommunication, std::string("tpnorm: make_nccl_communicator: ") + step +
+                                             " failed on rank " + std::to_string(first) + ": " +
+                                             msg);
 }
 
 template <class F>
@@ -499,8 +504,8 @@ std::unique_ptr<Communicator> make_cuda_single_communicator(cudaStream_t stream,
   return std::make_unique<CudaSingleCommunicator>(stream, device);
 }
 
-std::unique_ptr<Communicator> make_mpi_staged_cuda_communicator(MPI_Comm comm,
-                                                                cudaStream_t stream, int device) {
+std::unique_ptr<Communicator> make_mpi_staged_cuda_communicator(MPI_Comm comm, cudaStream_t stream,
+                                                                int device) {
   return std::make_unique<MpiStagedCommunicator>(comm, stream, device);
 }
 
@@ -585,7 +590,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
   const int device = count == 1 ? 0 : local;
   if (err.empty() && count > 1 && local >= count)
     err = "node-local rank " + std::to_string(local) + " has no GPU of its own (" +
-          std::to_string(count) + " visible); use one rank per GPU, or "
+          std::to_string(count) +
+          " visible); use one rank per GPU, or "
           "make_mpi_staged_cuda_communicator to share a GPU";
   agree_or_throw(comm, err, "finding this rank's GPU");
   return make_nccl_communicator(comm, stream, device);
@@ -599,7 +605,8 @@ void cuda_check_errors(Communicator& comm) {
   const auto s = static_cast<cudaStream_t>(d->stream());
   int flag = 0;
   // Read and clear in stream order, after every call enqueued before this check.
-  TPNORM_CHECK(CUDA, cudaMemcpyAsync(&flag, d->error_word(), sizeof flag, cudaMemcpyDeviceToHost, s));
+  TPNORM_CHECK(CUDA,
+               cudaMemcpyAsync(&flag, d->error_word(), sizeof flag, cudaMemcpyDeviceToHost, s));
   TPNORM_CHECK(CUDA, cudaStreamSynchronize(s));
   if (!flag) return;
   TPNORM_CHECK(CUDA, cudaMemsetAsync(d->error_word(), 0, sizeof flag, s));

@@ -48,7 +48,9 @@ class Watchdog {
   /// `idle_period` while nothing is pending.
   explicit Watchdog(Hooks hooks, std::chrono::microseconds period = std::chrono::milliseconds(1),
                     std::chrono::microseconds idle_period = std::chrono::milliseconds(100))
-      : hooks_(std::move(hooks)), period_(period), idle_period_(idle_period),
+      : hooks_(std::move(hooks)),
+        period_(period),
+        idle_period_(idle_period),
         thread_([this] { loop(); }) {}
   ~Watchdog() {
     {
@@ -65,9 +67,8 @@ class Watchdog {
   /// within `timeout_s` seconds from now, else the watchdog fires with describe(what,
   /// sequence). `what` must outlive the ticket (a string literal: the op's name).
   void watch(uint64_t ticket, double timeout_s, const char* what, uint64_t sequence) {
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(timeout_s));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
     {
       std::lock_guard<std::mutex> g(mu_);
       queue_.push_back({ticket, deadline, what, sequence});

@@ -39,9 +39,13 @@ struct LaneChannels {
   int64_t ch;
 };
 template <class V>
-inline V chan(PlaneChannel k, const float* v) { return splat<V>(v[k.ch]); }
+inline V chan(PlaneChannel k, const float* v) {
+  return splat<V>(v[k.ch]);
+}
 template <class V>
-inline V chan(LaneChannels k, const float* v) { return load_as<V>(v + k.ch); }
+inline V chan(LaneChannels k, const float* v) {
+  return load_as<V>(v + k.ch);
+}
 
 // out[2ch], out[2ch+1] = the sums over channel ch's elements of term(i, k, V{}) -> Two<V>
 // (i: the element's offset, k: its channel(s), see chan).
@@ -58,10 +62,10 @@ void channel_sums(const BatchNormArgs& a, W* out, const T* pf1, const T* pf2, Te
         W p1, p2;
         // Prefetch the channel's next plane: the hardware does not follow the jump there.
         const bool pf = b + 1 < a.n;
-        block_sums<W>(inner, [&](int64_t s, auto tag) {
-          return term(base + s, PlaneChannel{ch}, tag);
-        }, p1, p2, pf ? pf1 + base + c * inner : nullptr,
-           pf && pf2 ? pf2 + base + c * inner : nullptr);
+        block_sums<W>(
+            inner, [&](int64_t s, auto tag) { return term(base + s, PlaneChannel{ch}, tag); }, p1,
+            p2, pf ? pf1 + base + c * inner : nullptr,
+            pf && pf2 ? pf2 + base + c * inner : nullptr);
         s1 += p1;
         s2 += p2;
       }
@@ -233,8 +237,7 @@ void bn_apply_forward(const BatchNormArgs& a, const T* x, const P* gamma, const 
 }
 
 template <class T, class W, class S>
-void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const S* mean,
-                         W* stats) {
+void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const S* mean, W* stats) {
   std::vector<float> mh, mt;
   split_means(a.c, mean, mh, mt);
   const float *h = mh.data(), *t = mt.data();
@@ -254,8 +257,8 @@ void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const P*
     const double is = static_cast<double>(invstd[ch]);
     k[ch] = static_cast<float>(is * (gamma ? to_float(gamma[ch]) : 1.0f));
     c1[ch] = n > 0 ? static_cast<float>(static_cast<double>(stats[2 * ch]) / n) : 0.0f;
-    c2[ch] = n > 0 ? static_cast<float>(is * is * static_cast<double>(stats[2 * ch + 1]) / n)
-                   : 0.0f;
+    c2[ch] =
+        n > 0 ? static_cast<float>(is * is * static_cast<double>(stats[2 * ch + 1]) / n) : 0.0f;
   }
   tile_channels(a.c, mh, mt, k, c1, c2);
   const float *h = mh.data(), *t = mt.data(), *kk = k.data(), *k1 = c1.data(), *k2 = c2.data();
@@ -278,20 +281,19 @@ void bn_param_grads(int64_t c, const W* local_stats, const S* invstd, P* dgamma,
 
 // W: the wire type of bn_partial_forward, the saved-statistics type of bn_apply_forward.
 // P: the parameter type, T or float (TPNORM_BN_*_F32: float32 parameters of f16/bf16 x).
-#define TPNORM_BN_PW(T, P, W) \
+#define TPNORM_BN_PW(T, P, W)                                                                 \
   template void bn_apply_forward<T, P, W>(const BatchNormArgs&, const T*, const P*, const P*, \
                                           const W*, const W*, T*);
 #define TPNORM_BN_W(T, W)                                                     \
   template void bn_partial_forward<T, W>(const BatchNormArgs&, const T*, W*); \
   TPNORM_BN_PW(T, T, W)
-#define TPNORM_BN_PWS(T, P, W, S)                                                            \
-  template void bn_apply_backward<T, P, W, S>(const BatchNormArgs&, const T*, const T*,     \
-                                              const P*, const S*, const S*, const W*, double, \
-                                              T*);
-#define TPNORM_BN_WS(T, W, S)                                                           \
-  template void bn_partial_backward<T, W, S>(const BatchNormArgs&, const T*, const T*, \
-                                             const S*, W*);                            \
-  TPNORM_BN_PWS(T, T, W, S)                                                             \
+#define TPNORM_BN_PWS(T, P, W, S)                                                                 \
+  template void bn_apply_backward<T, P, W, S>(const BatchNormArgs&, const T*, const T*, const P*, \
+                                              const S*, const S*, const W*, double, T*);
+#define TPNORM_BN_WS(T, W, S)                                                                    \
+  template void bn_partial_backward<T, W, S>(const BatchNormArgs&, const T*, const T*, const S*, \
+                                             W*);                                                \
+  TPNORM_BN_PWS(T, T, W, S)                                                                      \
   template void bn_param_grads<T, W, S>(int64_t, const W*, const S*, T*, T*);
 #define TPNORM_BN_W_F32(T, W) TPNORM_BN_PW(T, float, W)
 #define TPNORM_BN_WS_F32(T, W, S) TPNORM_BN_PWS(T, float, W, S)

@@ -51,8 +51,7 @@ void bn_apply_forward(const BatchNormArgs& a, const T* x, const P* gamma, const 
 
 /// stats[2c]: {sum dy, sum dy*(x - mean)} of this rank's elements of each channel.
 template <class T, class W, class S>
-void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const S* mean,
-                         W* stats);
+void bn_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const S* mean, W* stats);
 
 /// dx = gamma*invstd*(dy - sum(dy)/n - (x-mean)*invstd^2*sum(dy*(x-mean))/n), stats summed over
 /// ranks, n the global count. Zero stats give the eval backward dx = gamma*invstd*dy.

@@ -38,7 +38,8 @@ class ExactBins {
   /// Adds n values value(j) (floats) to the sum of values and the sum of their squares.
   template <class Value>
   void add_values_and_squares(int64_t n, Value value) {
-    in_batches(n, [&](int c, int64_t j) { put_square(c, value(j)); }, [&] { fold_squares(); });
+    in_batches(
+        n, [&](int c, int64_t j) { put_square(c, value(j)); }, [&] { fold_squares(); });
   }
 
   /// Adds n pairs (first(j), second(j)) to two sums of values (e.g. sum g and sum g*xhat).

@@ -137,8 +137,7 @@ void bn_exact_backward_sums(int64_t c, const int64_t* limbs, double d, double* s
   for (int64_t ch = 0; ch < c; ++ch) {
     const int64_t* in = limbs + ch * k;
     if (in[0] != 0 || div == 0) {
-      sums[2 * ch] = sums[2 * ch + 1] =
-          in[0] != 0 ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+      sums[2 * ch] = sums[2 * ch + 1] = in[0] != 0 ? std::numeric_limits<double>::quiet_NaN() : 0.0;
       continue;
     }
     sums[2 * ch] = exact::mean(exact::unpack<4>(in + 1, exact::kLimbs1), div);
@@ -146,11 +145,11 @@ void bn_exact_backward_sums(int64_t c, const int64_t* limbs, double d, double* s
   }
 }
 
-#define TPNORM_EXACT_BN_S(T, S)                                                                 \
-  template void bn_exact_partial_backward<T, S>(const BatchNormArgs&, const T*, const T*,      \
+#define TPNORM_EXACT_BN_S(T, S)                                                           \
+  template void bn_exact_partial_backward<T, S>(const BatchNormArgs&, const T*, const T*, \
                                                 const S*, int64_t*);
-#define TPNORM_EXACT_BN(T)                                                                      \
-  template void bn_exact_partial_forward<T>(const BatchNormArgs&, const T*, int64_t*);        \
+#define TPNORM_EXACT_BN(T)                                                             \
+  template void bn_exact_partial_forward<T>(const BatchNormArgs&, const T*, int64_t*); \
   TPNORM_EXACT_BN_S(T, float) TPNORM_EXACT_BN_S(T, double)
 TPNORM_FOR_EACH_STORAGE(TPNORM_EXACT_BN)
 

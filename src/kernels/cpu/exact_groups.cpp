@@ -82,8 +82,10 @@ void group_exact_partial_backward(const GroupNormArgs& a, const T* dy, const T* 
     for (int64_t j = 0; j < m; ++j) {
       const float xhat = ((to_float(xr[j]) - mh) - mt) * rs;
       const float d = to_float(dyr[j]);
-      if (which == 0) buf[j] = gm * d, buf[kPiece + j] = (gm * d) * xhat;
-      else buf[j] = d * xhat, buf[kPiece + j] = d;
+      if (which == 0)
+        buf[j] = gm * d, buf[kPiece + j] = (gm * d) * xhat;
+      else
+        buf[j] = d * xhat, buf[kPiece + j] = d;
     }
   };
   // Two sums of one plane's terms into (s, t).
@@ -143,10 +145,9 @@ void exact_group_finish(const GroupNormArgs& a, bool forward, const int64_t* lim
   }
 }
 
-#define TPNORM_EXACT_GROUP_S(T, S)                                                            \
-  template void group_exact_partial_backward<T, S>(const GroupNormArgs&, const T*, const T*, \
-                                                   const T*, const S*, const S*, int64_t*,  \
-                                                   double*);
+#define TPNORM_EXACT_GROUP_S(T, S)                  \
+  template void group_exact_partial_backward<T, S>( \
+      const GroupNormArgs&, const T*, const T*, const T*, const S*, const S*, int64_t*, double*);
 #define TPNORM_EXACT_GROUP(T)                                                             \
   template void group_exact_partial_forward<T>(const GroupNormArgs&, const T*, int64_t*); \
   TPNORM_EXACT_GROUP_S(T, float) TPNORM_EXACT_GROUP_S(T, double)

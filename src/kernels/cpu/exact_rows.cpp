@@ -170,11 +170,11 @@ void exact_row_finish(const RowNormArgs& a, bool forward, const int64_t* limbs, 
 #define TPNORM_EXACT_ROW_PS(T, P, S)                                                        \
   template void row_exact_partial_backward<T, P, S>(const RowNormArgs&, const T*, const T*, \
                                                     const P*, const S*, const S*, int64_t*);
-#define TPNORM_EXACT_ROW_P(T, P)                                                             \
-  template void exact_row_final_backward<T, P>(bool, const T*, const T*, const P*, float,    \
-                                               float, float, int64_t, double*);              \
+#define TPNORM_EXACT_ROW_P(T, P)                                                                 \
+  template void exact_row_final_backward<T, P>(bool, const T*, const T*, const P*, float, float, \
+                                               float, int64_t, double*);                         \
   TPNORM_EXACT_ROW_PS(T, P, float) TPNORM_EXACT_ROW_PS(T, P, double)
-#define TPNORM_EXACT_ROW(T)                                                             \
+#define TPNORM_EXACT_ROW(T)                                                           \
   template void row_exact_partial_forward<T>(const RowNormArgs&, const T*, int64_t*); \
   template void exact_row_final_forward<T>(bool, const T*, int64_t, double*);         \
   TPNORM_EXACT_ROW_P(T, T)

@@ -98,8 +98,8 @@ void group_partial_backward(const GroupNormArgs& a, const T* dy, const T* x, con
   per_plane(a, rstd, pr);
   // Per plane {sum dy, sum dy*xhat} (gamma left out: it is constant over the plane).
   std::vector<W> rows(static_cast<size_t>(planes * 2));
-  row_partial_backward<T, T, W, S>({planes, a.spatial, true, a.threads}, dy, x, nullptr,
-                                   pm.data(), pr.data(), rows.data());
+  row_partial_backward<T, T, W, S>({planes, a.spatial, true, a.threads}, dy, x, nullptr, pm.data(),
+                                   pr.data(), rows.data());
   std::fill(dparams, dparams + 2 * a.c_local, 0.0);
   for (int64_t r = 0; r < planes; ++r) {
     const int64_t c = r % a.c_local;
@@ -126,8 +126,8 @@ void group_apply_backward(const GroupNormArgs& a, const T* dy, const T* x, const
     write_row(dx + o, a.spatial, false, none, none, [=](int64_t j, auto tag) {
       using V = decltype(tag);
       const V xhat = ((load_as<V>(xr + j) - splat<V>(mh)) - splat<V>(mt)) * splat<V>(rs);
-      return splat<V>(rs) * ((splat<V>(gm) * load_as<V>(dyr + j) - splat<V>(c1)) -
-                             xhat * splat<V>(c2));
+      return splat<V>(rs) *
+             ((splat<V>(gm) * load_as<V>(dyr + j) - splat<V>(c1)) - xhat * splat<V>(c2));
     });
   });
   for (int64_t c = 0; c < a.c_local; ++c) {

@@ -37,10 +37,10 @@ void residual_backward_epilogue(int64_t n, const T* dh_extra, float alpha, T* df
   }
 }
 
-#define TPNORM_RESIDUAL_W(T, W)                                                            \
-  template void residual_partial_forward<T, W>(const RowNormArgs&, const T*, const T*, float, \
-                                               T*, W*);
-#define TPNORM_RESIDUAL(T)                   \
+#define TPNORM_RESIDUAL_W(T, W)                                                                   \
+  template void residual_partial_forward<T, W>(const RowNormArgs&, const T*, const T*, float, T*, \
+                                               W*);
+#define TPNORM_RESIDUAL(T)                \
   TPNORM_FOR_EACH_W(TPNORM_RESIDUAL_W, T) \
   template void residual_backward_epilogue<T>(int64_t, const T*, float, T*, T*, int);
 TPNORM_FOR_EACH_STORAGE(TPNORM_RESIDUAL)

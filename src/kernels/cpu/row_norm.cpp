@@ -30,8 +30,8 @@
 
 #include "common/half.h"
 #include "common/pivot.h"
-#include "kernels/cpu/instantiate.h"
 #include "kernels/cpu/exact_rows.h"
+#include "kernels/cpu/instantiate.h"
 #include "kernels/cpu/loops.h"
 
 namespace tpnorm::kernels::cpu {
@@ -67,20 +67,26 @@ inline void forward_sums(const RowNormArgs& a, const T* xr, W* st) {
       // Accumulate around the row's robust pivot, then shift back exactly enough.
       const float pivot = a.centered ? detail::robust_pivot(xr, a.h) : 0.0f;
       double d1, d2;
-      block_sums<double>(a.h, [=](int64_t j, auto tag) {
-        using V = decltype(tag);
-        const V d = load_as<V>(xr + j) - splat<V>(pivot);
-        return Two<V>{d, d * d};
-      }, d1, d2);
+      block_sums<double>(
+          a.h,
+          [=](int64_t j, auto tag) {
+            using V = decltype(tag);
+            const V d = load_as<V>(xr + j) - splat<V>(pivot);
+            return Two<V>{d, d * d};
+          },
+          d1, d2);
       const double p = pivot, hh = static_cast<double>(a.h);
       s1 = p * hh + d1;
       s2 = d2 + 2.0 * p * d1 + p * p * hh;
     } else {
-      block_sums<float>(a.h, [=](int64_t j, auto tag) {
-        using V = decltype(tag);
-        const V u = load_as<V>(xr + j);
-        return Two<V>{u, u * u};
-      }, s1, s2);
+      block_sums<float>(
+          a.h,
+          [=](int64_t j, auto tag) {
+            using V = decltype(tag);
+            const V u = load_as<V>(xr + j);
+            return Two<V>{u, u * u};
+          },
+          s1, s2);
     }
   }
   if (a.centered) {
@@ -114,17 +120,20 @@ inline V xhat_at(const T* xr, int64_t j, float mh, float mt, float rs) {
 
 // One row's backward partial: centred {sum g, sum g*xhat} or RMS {sum g*xhat} into st.
 template <class T, class P, class W>
-inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const P* gamma,
-                          float mh, float mt, float rs, W* st, const T* pf_dy = nullptr,
+inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const P* gamma, float mh,
+                          float mt, float rs, W* st, const T* pf_dy = nullptr,
                           const T* pf_x = nullptr) {
   W sg, sgx;
-  block_sums<W>(a.h, [=](int64_t j, auto tag) {
-    using V = decltype(tag);
-    const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
-    const V d = load_as<V>(dyr + j);
-    const V g = gamma ? d * load_as<V>(gamma + j) : d;
-    return Two<V>{g, g * xhat};
-  }, sg, sgx, pf_dy, pf_x);
+  block_sums<W>(
+      a.h,
+      [=](int64_t j, auto tag) {
+        using V = decltype(tag);
+        const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
+        const V d = load_as<V>(dyr + j);
+        const V g = gamma ? d * load_as<V>(gamma + j) : d;
+        return Two<V>{g, g * xhat};
+      },
+      sg, sgx, pf_dy, pf_x);
   if (a.centered) {
     st[0] = sg;
     st[1] = sgx;
@@ -143,8 +152,8 @@ void row_partial_forward(const RowNormArgs& a, const T* x, W* stats) {
 }
 
 template <class T, class P, class W, class S>
-void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P* beta,
-                       W* stats, double n, double eps, T* y, S* mean, S* rstd) {
+void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P* beta, W* stats,
+                       double n, double eps, T* y, S* mean, S* rstd) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
   const bool stream = stream_rows<T>(a, 2);
@@ -203,8 +212,8 @@ void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P
 
 template <class T, class P, class W, class S>
 void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
-                        const S* mean, const S* rstd, W* stats, double n, T* dx,
-                        P* dgamma, P* dbeta) {
+                        const S* mean, const S* rstd, W* stats, double n, T* dx, P* dgamma,
+                        P* dbeta) {
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
   const int nt = thread_count(a.threads, a.rows);
@@ -258,19 +267,18 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
         const W div = a.final_stats ? W(1) : static_cast<W>(n);
         const float c1 = a.centered ? static_cast<float>(st[0] / div) : 0.0f;
         const float c2 = static_cast<float>(st[k - 1] / div);
-        write_row(dx + r * h, h, stream, ahead(a, x, r), ahead(a, dy, r),
-                  [=](int64_t j, auto tag) {
-                    using V = decltype(tag);
-                    const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
-                    const V d = load_as<V>(dyr + j);
-                    const V g = gamma ? d * load_as<V>(gamma + j) : d;
-                    if (params) {  // both loads before the stores (these may alias)
-                      const V g0 = load_as<V>(dgf + j), b0 = load_as<V>(dbf + j);
-                      store_as(dgf + j, fmadd(d, xhat, g0));
-                      store_as(dbf + j, b0 + d);
-                    }
-                    return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
-                  });
+        write_row(dx + r * h, h, stream, ahead(a, x, r), ahead(a, dy, r), [=](int64_t j, auto tag) {
+          using V = decltype(tag);
+          const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
+          const V d = load_as<V>(dyr + j);
+          const V g = gamma ? d * load_as<V>(gamma + j) : d;
+          if (params) {  // both loads before the stores (these may alias)
+            const V g0 = load_as<V>(dgf + j), b0 = load_as<V>(dbf + j);
+            store_as(dgf + j, fmadd(d, xhat, g0));
+            store_as(dbf + j, b0 + d);
+          }
+          return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
+        });
         if (params && ++pending == kParamRows) flush();
       }
       if (fixed && pending > 0) flush();
@@ -292,14 +300,13 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
 
 #define TPNORM_ROW_W(T, W) \
   template void row_partial_forward<T, W>(const RowNormArgs&, const T*, W*);
-#define TPNORM_ROW_PWS(T, P, W, S)                                                           \
-  template void row_apply_forward<T, P, W, S>(const RowNormArgs&, const T*, const P*, const P*, \
-                                              W*, double, double, T*, S*, S*);                  \
-  template void row_partial_backward<T, P, W, S>(const RowNormArgs&, const T*, const T*,        \
-                                                 const P*, const S*, const S*, W*);             \
-  template void row_apply_backward<T, P, W, S>(const RowNormArgs&, const T*, const T*,          \
-                                               const P*, const S*, const S*, W*, double, T*,    \
-                                               P*, P*);
+#define TPNORM_ROW_PWS(T, P, W, S)                                                                 \
+  template void row_apply_forward<T, P, W, S>(const RowNormArgs&, const T*, const P*, const P*,    \
+                                              W*, double, double, T*, S*, S*);                     \
+  template void row_partial_backward<T, P, W, S>(const RowNormArgs&, const T*, const T*, const P*, \
+                                                 const S*, const S*, W*);                          \
+  template void row_apply_backward<T, P, W, S>(const RowNormArgs&, const T*, const T*, const P*,   \
+                                               const S*, const S*, W*, double, T*, P*, P*);
 // Parameters in the storage type, and float32 parameters with fp16/bf16 activations.
 #define TPNORM_ROW_WS(T, W, S) TPNORM_ROW_PWS(T, T, W, S)
 #define TPNORM_ROW_WS_F32(T, W, S) TPNORM_ROW_PWS(T, float, W, S)

@@ -19,9 +19,9 @@ namespace tpnorm::kernels::cpu {
 
 struct RowNormArgs {
   int64_t rows = 0;
-  int64_t h = 0;           ///< this rank's columns
-  bool centered = true;    ///< LayerNorm (true) or RMSNorm (false)
-  int threads = 0;         ///< 0: OpenMP default
+  int64_t h = 0;         ///< this rank's columns
+  bool centered = true;  ///< LayerNorm (true) or RMSNorm (false)
+  int threads = 0;       ///< 0: OpenMP default
   /// One rank (the reduce is the identity): the apply_* kernels compute each row's statistics
   /// themselves, while the row is in cache, and write them to `stats` instead of reading it.
   bool fused = false;
@@ -37,8 +37,8 @@ void row_partial_forward(const RowNormArgs& a, const T* x, W* stats);
 /// mean/rstd may be null (not saved). n: global count per row; stats: summed over ranks
 /// ([out] instead with a.fused).
 template <class T, class P, class W, class S>
-void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P* beta,
-                       W* stats, double n, double eps, T* y, S* mean, S* rstd);
+void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P* beta, W* stats,
+                       double n, double eps, T* y, S* mean, S* rstd);
 
 template <class T, class P, class W, class S>
 void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
@@ -48,7 +48,7 @@ void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P
 /// stats: summed over ranks ([out] instead with a.fused).
 template <class T, class P, class W, class S>
 void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
-                        const S* mean, const S* rstd, W* stats, double n, T* dx,
-                        P* dgamma, P* dbeta);
+                        const S* mean, const S* rstd, W* stats, double n, T* dx, P* dgamma,
+                        P* dbeta);
 
 }  // namespace tpnorm::kernels::cpu

@@ -95,8 +95,10 @@ inline void stream_fence() {
 /// splat<V>(s): s in every lane of V (vf or float).
 template <class V>
 inline V splat(float s) {
-  if constexpr (std::is_same_v<V, vf>) return vsplat(s);
-  else return s;
+  if constexpr (std::is_same_v<V, vf>)
+    return vsplat(s);
+  else
+    return s;
 }
 
 /// V::L (or 1) elements of T at p, as float lanes.

@@ -5,11 +5,10 @@
 // make the per-split partial sums; combine adds the splits in order per channel; fwd_consts /
 // bwd_consts make the per-channel constants; apply_fwd / apply_bwd are element-wise;
 // param_grads writes dgamma / dbeta. Templates: only the storage type (and the pass).
-#include "kernels/cuda/batch_norm.h"
-
 #include <algorithm>
 
 #include "common/half.h"
+#include "kernels/cuda/batch_norm.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/plan.h"
@@ -110,8 +109,8 @@ __global__ void __launch_bounds__(kTileC* kTileR)
 
 // Splits in order per channel; forward shifts the pivoted sums back (as on CPU).
 template <class T, bool kBwd>
-__global__ void combine(Geo g, const T* x, bool robust, int64_t splits, const float* part,
-                        bool w64, void* payload, double* local) {
+__global__ void combine(Geo g, const T* x, bool robust, int64_t splits, const float* part, bool w64,
+                        void* payload, double* local) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (ch >= g.c) return;
   double t0 = 0, t1 = 0;
@@ -142,7 +141,6 @@ __device__ __forceinline__ bool call_ok(const Header& hd, bool need_two, double*
   if (!hd.base) return true;
   return header_ok(hd, n) && (!need_two || *n > 1);
 }
-
 
 // consts: head[c], tail[c], scale[c], shift[c].
 template <class T>
@@ -240,13 +238,14 @@ __global__ void apply_bwd(Geo g, Header hd, const T* __restrict__ dy, const T* _
 }
 
 template <class T>
-__global__ void param_grads(int64_t c, Header hd, const double* local, const void* invstd,
-                            bool s64, T* dgamma, T* dbeta, int* err) {
+__global__ void param_grads(int64_t c, Header hd, const double* local, const void* invstd, bool s64,
+                            T* dgamma, T* dbeta, int* err) {
   double n;
   if (!call_ok(hd, false, &n)) return mark_failed(err);
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (ch >= c) return;
-  if (dgamma) dgamma[ch] = from_f<T>(static_cast<float>(load_fd(invstd, ch, s64) * local[2 * ch + 1]));
+  if (dgamma)
+    dgamma[ch] = from_f<T>(static_cast<float>(load_fd(invstd, ch, s64) * local[2 * ch + 1]));
   if (dbeta) dbeta[ch] = from_f<T>(static_cast<float>(local[2 * ch]));
 }
 
@@ -285,8 +284,8 @@ bool index32(const BnArgs& a) {
 }
 
 template <class D, bool kBwd>
-void channel_sums(const BnArgs& a, const D* x, const D* dy, const void* mean, bool s64,
-                  bool robust, bool w64, void* payload, void* scratch) {
+void channel_sums(const BnArgs& a, const D* x, const D* dy, const void* mean, bool s64, bool robust,
+                  bool w64, void* payload, void* scratch) {
   if (a.c <= 0) return;
   const BnPlan p = plan(a);
   const Scratch s = carve(a, scratch);
@@ -298,13 +297,13 @@ void channel_sums(const BnArgs& a, const D* x, const D* dy, const void* mean, bo
              dim3(static_cast<unsigned>(a.c), static_cast<unsigned>(p.splits)), dim3(kWide),
              st(a.stream), g, t, mean, s64, robust, p.per, s.part);
     else
-      launch("bn sums_narrow", sums_narrow<D, kBwd>,
-             dim3(static_cast<unsigned>((a.c + kTileC - 1) / kTileC),
-                  static_cast<unsigned>(p.splits)),
-             dim3(kTileC, kTileR), st(a.stream), g, t, mean, s64, robust, p.per, s.part);
+      launch(
+          "bn sums_narrow", sums_narrow<D, kBwd>,
+          dim3(static_cast<unsigned>((a.c + kTileC - 1) / kTileC), static_cast<unsigned>(p.splits)),
+          dim3(kTileC, kTileR), st(a.stream), g, t, mean, s64, robust, p.per, s.part);
   }
-  launch("bn combine", combine<D, kBwd>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream),
-         g, x, robust, p.splits, static_cast<const float*>(s.part), w64, payload,
+  launch("bn combine", combine<D, kBwd>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream), g,
+         x, robust, p.splits, static_cast<const float*>(s.part), w64, payload,
          kBwd ? s.local : nullptr);
 }
 
@@ -320,8 +319,8 @@ template <class T>
 void bn_partial_forward(const BnArgs& a, const T* x, bool robust, bool w64, void* payload,
                         void* scratch) {
   using D = typename Dev<T>::type;
-  channel_sums<D, false>(a, reinterpret_cast<const D*>(x), nullptr, nullptr, false,
-                         robust, w64, payload, scratch);
+  channel_sums<D, false>(a, reinterpret_cast<const D*>(x), nullptr, nullptr, false, robust, w64,
+                         payload, scratch);
 }
 
 template <class T>
@@ -349,43 +348,41 @@ template <class T>
 void bn_partial_backward(const BnArgs& a, const T* dy, const T* x, const void* mean, bool s64,
                          bool w64, void* payload, void* scratch) {
   using D = typename Dev<T>::type;
-  channel_sums<D, true>(a, reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(dy), mean,
-                        s64, false, w64, payload, scratch);
+  channel_sums<D, true>(a, reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(dy), mean, s64,
+                        false, w64, payload, scratch);
 }
 
 template <class T>
-void bn_apply_backward(const BnArgs& a, const Header& hd, const T* dy, const T* x,
-                       const T* gamma, const void* mean, const void* invstd, bool s64, T* dx,
-                       T* dgamma, T* dbeta, void* scratch, int* err) {
+void bn_apply_backward(const BnArgs& a, const Header& hd, const T* dy, const T* x, const T* gamma,
+                       const void* mean, const void* invstd, bool s64, T* dx, T* dgamma, T* dbeta,
+                       void* scratch, int* err) {
   using D = typename Dev<T>::type;
   if (a.c <= 0) return;
   const Scratch s = carve(a, scratch);
-  launch("bn bwd_consts", bwd_consts<D>, dim3(per_channel_blocks(a.c)), dim3(256),
-         st(a.stream), a.c, hd, reinterpret_cast<const D*>(gamma), mean, invstd, s64, s.consts,
-         err);
+  launch("bn bwd_consts", bwd_consts<D>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream),
+         a.c, hd, reinterpret_cast<const D*>(gamma), mean, invstd, s64, s.consts, err);
   if (a.outer * a.inner > 0) {
     launch("bn apply_bwd", index32(a) ? apply_bwd<D, uint32_t> : apply_bwd<D, int64_t>,
            dim3(elementwise_blocks(a)), dim3(256), st(a.stream), geo(a), hd,
-           reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
-           reinterpret_cast<D*>(dx), static_cast<const float*>(s.consts), err);
+           reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x), reinterpret_cast<D*>(dx),
+           static_cast<const float*>(s.consts), err);
   }
   if (dgamma || dbeta) {
-    launch("bn param_grads", param_grads<D>, dim3(per_channel_blocks(a.c)), dim3(256),
-           st(a.stream), a.c, hd, static_cast<const double*>(s.local), invstd, s64,
-           reinterpret_cast<D*>(dgamma), reinterpret_cast<D*>(dbeta), err);
+    launch("bn param_grads", param_grads<D>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream),
+           a.c, hd, static_cast<const double*>(s.local), invstd, s64, reinterpret_cast<D*>(dgamma),
+           reinterpret_cast<D*>(dbeta), err);
   }
 }
 
-#define TPNORM_CUDA_BN_INSTANTIATE(T)                                                          \
-  template void bn_partial_forward<T>(const BnArgs&, const T*, bool, bool, void*, void*);     \
-  template void bn_forward_stats<T>(const BnArgs&, const BnForwardStats&, const T*, const T*, \
-                                    void*, int*);                                             \
-  template void bn_apply_forward<T>(const BnArgs&, const Header&, const T*, T*, void*, int*); \
-  template void bn_partial_backward<T>(const BnArgs&, const T*, const T*, const void*, bool,  \
-                                       bool, void*, void*);                                   \
-  template void bn_apply_backward<T>(const BnArgs&, const Header&, const T*, const T*,        \
-                                     const T*, const void*, const void*, bool, T*, T*, T*,    \
-                                     void*, int*);
+#define TPNORM_CUDA_BN_INSTANTIATE(T)                                                              \
+  template void bn_partial_forward<T>(const BnArgs&, const T*, bool, bool, void*, void*);          \
+  template void bn_forward_stats<T>(const BnArgs&, const BnForwardStats&, const T*, const T*,      \
+                                    void*, int*);                                                  \
+  template void bn_apply_forward<T>(const BnArgs&, const Header&, const T*, T*, void*, int*);      \
+  template void bn_partial_backward<T>(const BnArgs&, const T*, const T*, const void*, bool, bool, \
+                                       void*, void*);                                              \
+  template void bn_apply_backward<T>(const BnArgs&, const Header&, const T*, const T*, const T*,   \
+                                     const void*, const void*, bool, T*, T*, T*, void*, int*);
 TPNORM_CUDA_BN_INSTANTIATE(float)
 TPNORM_CUDA_BN_INSTANTIATE(f16)
 TPNORM_CUDA_BN_INSTANTIATE(bf16)

@@ -56,8 +56,7 @@ template <class T>
 void bn_forward_stats(const BnArgs& a, const BnForwardStats& f, const T* gamma, const T* beta,
                       void* scratch, int* err);
 template <class T>
-void bn_apply_forward(const BnArgs& a, const Header& hd, const T* x, T* y, void* scratch,
-                      int* err);
+void bn_apply_forward(const BnArgs& a, const Header& hd, const T* x, T* y, void* scratch, int* err);
 
 /// payload[2ch] = {sum dy, sum dy*(x - mean)} of this rank's elements; a float64 copy of these
 /// local sums stays in scratch for dgamma / dbeta.
@@ -68,8 +67,8 @@ void bn_partial_backward(const BnArgs& a, const T* dy, const T* x, const void* m
 /// dx (with summed sums when hd.base != nullptr, else the eval backward dx = gamma*invstd*dy),
 /// dgamma = invstd * local sum dy*(x-mean), dbeta = local sum dy (either may be null).
 template <class T>
-void bn_apply_backward(const BnArgs& a, const Header& hd, const T* dy, const T* x,
-                       const T* gamma, const void* mean, const void* invstd, bool s64, T* dx,
-                       T* dgamma, T* dbeta, void* scratch, int* err);
+void bn_apply_backward(const BnArgs& a, const Header& hd, const T* dy, const T* x, const T* gamma,
+                       const void* mean, const void* invstd, bool s64, T* dx, T* dgamma, T* dbeta,
+                       void* scratch, int* err);
 
 }  // namespace tpnorm::kernels::cuda

@@ -1,9 +1,8 @@
 // call_header.cu — the header-writing kernel; see call_header.h.
-#include "kernels/cuda/call_header.h"
-
 #include <algorithm>
 
 #include "common/call_header.h"
+#include "kernels/cuda/call_header.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -23,15 +22,14 @@ __global__ void header_kernel(void* base, bool w64, HeaderValues hv, int nh, siz
 
 }  // namespace
 
-void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
-                  void* stream) {
+void write_header(void* base, bool w64, const double* header, int nh, size_t zeros, void* stream) {
   HeaderValues hv{};
   nh = std::min(nh, detail::call_header::kFullValues);
   for (int i = 0; i < nh; ++i) hv.v[i] = header[i];
   const size_t total = static_cast<size_t>(nh) + zeros;
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((total + 255) / 256, 1024));
-  launch("header_kernel", header_kernel, dim3(blocks), dim3(256),
-         static_cast<cudaStream_t>(stream), base, w64, hv, nh, zeros);
+  launch("header_kernel", header_kernel, dim3(blocks), dim3(256), static_cast<cudaStream_t>(stream),
+         base, w64, hv, nh, zeros);
 }
 
 void write_values(void* base, bool w64, const double* values, int64_t n, void* stream) {

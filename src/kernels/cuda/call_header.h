@@ -27,8 +27,7 @@ struct Header {
 /// at most call_header::kFullValues) in the wire type at `base`, then `zeros` zero values
 /// (the payload of a rank that failed locally). The values travel as a kernel argument, so a
 /// captured graph replays them. Throws tpnorm::Error if the launch fails.
-void write_header(void* base, bool w64, const double* header, int nh, size_t zeros,
-                  void* stream);
+void write_header(void* base, bool w64, const double* header, int nh, size_t zeros, void* stream);
 
 /// Enqueues the write of n values (given as doubles; a host array read now, before the call
 /// returns) in the wire type at `base`, e.g. a batched call's per-item counts. Graph-safe as

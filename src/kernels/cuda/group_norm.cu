@@ -7,12 +7,11 @@
 // slot_stats (a thread per slot: mean, rstd, the saved statistics), then the element-wise
 // apply kernels and param_grads. Products and sums of the folds are rounded like the CPU's
 // (no fused multiply-add). All indices are 64-bit.
-#include "kernels/cuda/group_norm.h"
-
 #include <algorithm>
 
 #include "common/half.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/group_norm.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace tpnorm::kernels::cuda {
@@ -76,7 +75,6 @@ __device__ __forceinline__ bool group_call_ok(const GroupArgs& a, const Header& 
   double n;
   return header_ok(hd, &n) && n == static_cast<double>(a.channels);
 }
-
 
 // consts[2k] = mean, consts[2k+1] = rstd of slot k (double); saved statistics.
 __global__ void slot_stats(GroupArgs a, Header hd, double count, double eps, double* consts,
@@ -213,18 +211,18 @@ void group_partial_forward(const GroupArgs& a, const T* x, bool robust, bool w64
 }
 
 template <class T>
-void group_apply_forward(const GroupArgs& a, const Header& hd, double count, double eps,
-                         const T* x, const T* gamma, const T* beta, T* y, void* mean, void* rstd,
-                         void* scratch, int* err) {
+void group_apply_forward(const GroupArgs& a, const Header& hd, double count, double eps, const T* x,
+                         const T* gamma, const T* beta, T* y, void* mean, void* rstd, void* scratch,
+                         int* err) {
   using D = typename Dev<T>::type;
   const Scratch s = carve(a, scratch);
   if (a.n * a.groups > 0)
-    launch("group slot_stats", slot_stats, blocks_for(a.n * a.groups), dim3(256), st(a.stream),
-           a, hd, count, eps, s.consts, mean, rstd, err);
+    launch("group slot_stats", slot_stats, blocks_for(a.n * a.groups), dim3(256), st(a.stream), a,
+           hd, count, eps, s.consts, mean, rstd, err);
   const int64_t total = a.n * a.c_local * a.spatial;
   if (total > 0)
-    launch("group apply_fwd", apply_fwd<D>, blocks_for(total, 8192), dim3(256), st(a.stream), a,
-           hd, reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma),
+    launch("group apply_fwd", apply_fwd<D>, blocks_for(total, 8192), dim3(256), st(a.stream), a, hd,
+           reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma),
            reinterpret_cast<const D*>(beta), static_cast<const double*>(s.consts),
            reinterpret_cast<D*>(y), err);
 }
@@ -237,8 +235,8 @@ void group_partial_backward(const GroupArgs& a, const T* dy, const T* x, const T
   const Scratch s = carve(a, scratch);
   const int64_t planes = a.n * a.c_local;
   if (planes > 0)
-    launch("group expand", expand, blocks_for(planes), dim3(256), st(a.stream), a, mean, rstd,
-           s.pm, s.pr);
+    launch("group expand", expand, blocks_for(planes), dim3(256), st(a.stream), a, mean, rstd, s.pm,
+           s.pr);
   const T* none = nullptr;
   row_partial_backward<T>(plane_rows(a), dy, x, none, s.pm, s.pr, w64, s.rows);
   const D* g = reinterpret_cast<const D*>(gamma);
@@ -264,25 +262,24 @@ void group_apply_backward(const GroupArgs& a, const Header& hd, double count, co
   const Scratch s = carve(a, scratch);
   const int64_t total = a.n * a.c_local * a.spatial;
   if (total > 0)
-    launch("group apply_bwd", apply_bwd<D>, blocks_for(total, 8192), dim3(256), st(a.stream), a,
-           hd, count, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
+    launch("group apply_bwd", apply_bwd<D>, blocks_for(total, 8192), dim3(256), st(a.stream), a, hd,
+           count, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x),
            reinterpret_cast<const D*>(gamma), mean, rstd, reinterpret_cast<D*>(dx), err);
   if ((dgamma || dbeta) && a.c_local > 0)
-    launch("group param_grads", param_grads<D>, blocks_for(a.c_local), dim3(256), st(a.stream),
-           a, hd, static_cast<const double*>(s.dparams), reinterpret_cast<D*>(dgamma),
+    launch("group param_grads", param_grads<D>, blocks_for(a.c_local), dim3(256), st(a.stream), a,
+           hd, static_cast<const double*>(s.dparams), reinterpret_cast<D*>(dgamma),
            reinterpret_cast<D*>(dbeta), err);
 }
 
-#define TPNORM_CUDA_GROUP_INSTANTIATE(T)                                                        \
-  template void group_partial_forward<T>(const GroupArgs&, const T*, bool, bool, void*, void*); \
-  template void group_apply_forward<T>(const GroupArgs&, const Header&, double, double,         \
-                                       const T*, const T*, const T*, T*, void*, void*, void*,   \
-                                       int*);                                                   \
-  template void group_partial_backward<T>(const GroupArgs&, const T*, const T*, const T*,       \
-                                          const void*, const void*, bool, void*, void*);        \
-  template void group_apply_backward<T>(const GroupArgs&, const Header&, double, const T*,      \
-                                        const T*, const T*, const void*, const void*, T*, T*,   \
-                                        T*, void*, int*);
+#define TPNORM_CUDA_GROUP_INSTANTIATE(T)                                                          \
+  template void group_partial_forward<T>(const GroupArgs&, const T*, bool, bool, void*, void*);   \
+  template void group_apply_forward<T>(const GroupArgs&, const Header&, double, double, const T*, \
+                                       const T*, const T*, T*, void*, void*, void*, int*);        \
+  template void group_partial_backward<T>(const GroupArgs&, const T*, const T*, const T*,         \
+                                          const void*, const void*, bool, void*, void*);          \
+  template void group_apply_backward<T>(const GroupArgs&, const Header&, double, const T*,        \
+                                        const T*, const T*, const void*, const void*, T*, T*, T*, \
+                                        void*, int*);
 TPNORM_CUDA_GROUP_INSTANTIATE(float)
 TPNORM_CUDA_GROUP_INSTANTIATE(f16)
 TPNORM_CUDA_GROUP_INSTANTIATE(bf16)

@@ -35,9 +35,9 @@ void group_partial_forward(const GroupArgs& a, const T* x, bool robust, bool w64
 
 /// count: elements per group over all ranks (cpg * spatial). mean / rstd [n * groups] or null.
 template <class T>
-void group_apply_forward(const GroupArgs& a, const Header& hd, double count, double eps,
-                         const T* x, const T* gamma, const T* beta, T* y, void* mean, void* rstd,
-                         void* scratch, int* err);
+void group_apply_forward(const GroupArgs& a, const Header& hd, double count, double eps, const T* x,
+                         const T* gamma, const T* beta, T* y, void* mean, void* rstd, void* scratch,
+                         int* err);
 
 template <class T>
 void group_partial_backward(const GroupArgs& a, const T* dy, const T* x, const T* gamma,

@@ -16,8 +16,8 @@ namespace tpnorm::kernels::cuda {
 /// `what` if this launch failed. The failed launch's error is then taken off the thread's
 /// last-error slot, so no later check elsewhere reports it a second time.
 template <class... Params, class... Args>
-void launch(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block,
-            cudaStream_t stream, Args&&... args) {
+void launch(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+            Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;

@@ -54,8 +54,7 @@ inline RowPlan plan_rows(int64_t rows, int64_t h, size_t elem,
   p.threads = p.tpr == 32 ? 128 : 256;
   const int64_t per_block = p.threads / p.tpr;
   p.blocks = rows > 0 ? (rows + per_block - 1) / per_block : 0;
-  if (p.blocks > INT32_MAX)
-    throw std::length_error("tpnorm: too many rows for one CUDA launch");
+  if (p.blocks > INT32_MAX) throw std::length_error("tpnorm: too many rows for one CUDA launch");
   return p;
 }
 
@@ -76,9 +75,9 @@ inline int64_t dgamma_chunks(int64_t rows, int64_t h, int64_t* rows_per_chunk) {
 inline constexpr int kBnWide = 256, kBnTileC = 32, kBnTileR = 8;
 
 struct BnPlan {
-  bool wide = true;     ///< a block per (channel, split), else 32 x 8 tiles
-  int64_t splits = 0;   ///< 0: no sums kernel at all (no element)
-  int64_t per = 0;      ///< outer rows per split
+  bool wide = true;         ///< a block per (channel, split), else 32 x 8 tiles
+  int64_t splits = 0;       ///< 0: no sums kernel at all (no element)
+  int64_t per = 0;          ///< outer rows per split
   bool has_values = false;  ///< this rank holds elements: only then is x read (the pivot)
 };
 

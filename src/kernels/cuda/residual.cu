@@ -1,12 +1,11 @@
 // residual.cu — CUDA kernels of the fused residual add; see residual.h. Element-wise,
 // grid-stride with 64-bit indices (tensors past 2^31 elements).
-#include "kernels/cuda/residual.h"
-
 #include <algorithm>
 
 #include "common/half.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/residual.h"
 
 namespace tpnorm::kernels::cuda {
 namespace {
@@ -55,8 +54,8 @@ void residual_backward_epilogue(int64_t n, const T* dh_extra, float alpha, T* df
          reinterpret_cast<D*>(df), reinterpret_cast<D*>(dx));
 }
 
-#define TPNORM_CUDA_RESIDUAL_INSTANTIATE(T)                                                  \
-  template void residual_add<T>(int64_t, const T*, const T*, float, T*, void*);             \
+#define TPNORM_CUDA_RESIDUAL_INSTANTIATE(T)                                     \
+  template void residual_add<T>(int64_t, const T*, const T*, float, T*, void*); \
   template void residual_backward_epilogue<T>(int64_t, const T*, float, T*, T*, void*);
 TPNORM_CUDA_RESIDUAL_INSTANTIATE(float)
 TPNORM_CUDA_RESIDUAL_INSTANTIATE(f16)

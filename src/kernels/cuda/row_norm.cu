@@ -5,8 +5,6 @@
 // dgamma and dbeta (32-column tiles x row chunks into scratch, then a fixed-order sum over the
 // chunks). Template parameters are only the storage type and the pack width (1 or 16 bytes),
 // so each entry point has six instantiations; everything else is a run-time argument.
-#include "kernels/cuda/row_norm.h"
-
 #include <algorithm>
 #include <type_traits>
 
@@ -14,6 +12,7 @@
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/plan.h"
+#include "kernels/cuda/row_norm.h"
 
 namespace tpnorm::kernels::cuda {
 namespace {
@@ -181,9 +180,9 @@ __global__ void __launch_bounds__(256)
 
 template <class T, int V>
 __global__ void __launch_bounds__(256)
-    apply_bwd(Geo g, const T* __restrict__ dy, const T* __restrict__ x,
-              const T* __restrict__ gamma, const void* mean, const void* rstd, bool s64,
-              Header hd, bool centered, T* __restrict__ dx, int* err) {
+    apply_bwd(Geo g, const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
+              const void* mean, const void* rstd, bool s64, Header hd, bool centered,
+              T* __restrict__ dx, int* err) {
   RowCall rc;
   if (!row_call(g, hd, err, rc)) return;
   const auto& [n, r, lane, pay] = rc;
@@ -257,8 +256,8 @@ __global__ void __launch_bounds__(256)
 
 // Stage 2: column j = the chunks' partial sums in chunk order (deterministic).
 template <class T>
-__global__ void dgamma_final(int64_t h, int64_t chunks, const float* part, Header hd,
-                             T* dgamma, T* dbeta, int* err) {
+__global__ void dgamma_final(int64_t h, int64_t chunks, const float* part, Header hd, T* dgamma,
+                             T* dbeta, int* err) {
   double n;
   if (!header_ok(hd, &n)) return mark_failed(err);
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -302,8 +301,10 @@ void with_pack(const Launch& l, Body&& body) {
     case 4:
       if constexpr (kMax >= 4) return body(std::integral_constant<int, 4>{});
       break;
-    case 2: return body(std::integral_constant<int, 2>{});
-    default: break;
+    case 2:
+      return body(std::integral_constant<int, 2>{});
+    default:
+      break;
   }
   body(std::integral_constant<int, 1>{});
 }
@@ -320,8 +321,8 @@ void row_partial_forward(const RowArgs& a, const T* x, bool robust, bool w64, vo
   if (l.p.blocks == 0) return;
   with_pack<D>(l, [&](auto v) {
     launch("row partial_fwd", partial_fwd<D, decltype(v)::value>, grid_of(l), l.p.threads,
-           st(a.stream), l.g, reinterpret_cast<const D*>(x), robust && a.centered, a.centered,
-           w64, payload);
+           st(a.stream), l.g, reinterpret_cast<const D*>(x), robust && a.centered, a.centered, w64,
+           payload);
   });
 }
 
@@ -332,10 +333,10 @@ void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* be
   const Launch l = choose<D>(a, {x, gamma, beta, y});
   if (l.p.blocks == 0) return;
   with_pack<D>(l, [&](auto v) {
-    launch("row apply_fwd", apply_fwd<D, decltype(v)::value>, grid_of(l), l.p.threads,
-           st(a.stream), l.g, reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma),
-           reinterpret_cast<const D*>(beta), hd, eps, a.centered, a.s64,
-           reinterpret_cast<D*>(y), mean, rstd, err);
+    launch("row apply_fwd", apply_fwd<D, decltype(v)::value>, grid_of(l), l.p.threads, st(a.stream),
+           l.g, reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma),
+           reinterpret_cast<const D*>(beta), hd, eps, a.centered, a.s64, reinterpret_cast<D*>(y),
+           mean, rstd, err);
   });
 }
 
@@ -360,9 +361,9 @@ size_t row_norm_scratch_bytes(int64_t rows, int64_t h, bool params) {
 }
 
 template <class T>
-void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
-                        const void* mean, const void* rstd, const Header& hd, T* dx, T* dgamma,
-                        T* dbeta, void* scratch, int* err) {
+void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma, const void* mean,
+                        const void* rstd, const Header& hd, T* dx, T* dgamma, T* dbeta,
+                        void* scratch, int* err) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {dy, x, gamma, dx});
   if (l.p.blocks > 0) {
@@ -381,23 +382,22 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
     const dim3 grid(static_cast<unsigned>((a.h + kTileCols - 1) / kTileCols),
                     static_cast<unsigned>(chunks));
     launch("row dgamma_part", dgamma_part<D>, grid, dim3(kTileCols, kTileRows), st(a.stream),
-           a.rows, a.h, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x), mean,
-           rstd, a.s64, a.centered, rpc, part);
+           a.rows, a.h, reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x), mean, rstd,
+           a.s64, a.centered, rpc, part);
   }
   launch("row dgamma_final", dgamma_final<D>, dim3(static_cast<unsigned>((a.h + 255) / 256)),
          dim3(256), st(a.stream), a.h, chunks, static_cast<const float*>(part), hd,
          reinterpret_cast<D*>(dgamma), reinterpret_cast<D*>(dbeta), err);
 }
 
-#define TPNORM_CUDA_ROW_INSTANTIATE(T)                                                          \
-  template void row_partial_forward<T>(const RowArgs&, const T*, bool, bool, void*);           \
-  template void row_apply_forward<T>(const RowArgs&, const T*, const T*, const T*,             \
-                                     const Header&, double, T*, void*, void*, int*);           \
-  template void row_partial_backward<T>(const RowArgs&, const T*, const T*, const T*,          \
-                                        const void*, const void*, bool, void*);                \
-  template void row_apply_backward<T>(const RowArgs&, const T*, const T*, const T*,            \
-                                      const void*, const void*, const Header&, T*, T*, T*,     \
-                                      void*, int*);
+#define TPNORM_CUDA_ROW_INSTANTIATE(T)                                                             \
+  template void row_partial_forward<T>(const RowArgs&, const T*, bool, bool, void*);               \
+  template void row_apply_forward<T>(const RowArgs&, const T*, const T*, const T*, const Header&,  \
+                                     double, T*, void*, void*, int*);                              \
+  template void row_partial_backward<T>(const RowArgs&, const T*, const T*, const T*, const void*, \
+                                        const void*, bool, void*);                                 \
+  template void row_apply_backward<T>(const RowArgs&, const T*, const T*, const T*, const void*,   \
+                                      const void*, const Header&, T*, T*, T*, void*, int*);
 TPNORM_CUDA_ROW_INSTANTIATE(float)
 TPNORM_CUDA_ROW_INSTANTIATE(f16)
 TPNORM_CUDA_ROW_INSTANTIATE(bf16)

@@ -43,9 +43,9 @@ void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* ga
 /// dx from the summed statistics; dgamma/dbeta (may be null) by a two-stage column reduction
 /// through `scratch` (row_norm_scratch_bytes), deterministic for a given shape.
 template <class T>
-void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
-                        const void* mean, const void* rstd, const Header& hd, T* dx, T* dgamma,
-                        T* dbeta, void* scratch, int* err);
+void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma, const void* mean,
+                        const void* rstd, const Header& hd, T* dx, T* dgamma, T* dbeta,
+                        void* scratch, int* err);
 
 /// Device scratch the backward needs for dgamma/dbeta (0 when neither is requested).
 size_t row_norm_scratch_bytes(int64_t rows, int64_t h, bool params);

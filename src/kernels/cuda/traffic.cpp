@@ -1,8 +1,7 @@
 // traffic.cpp — tpnorm/cuda_traffic.h: the byte accounting of the CUDA kernels, from the same
 // launch plans (plan.h) the launchers use. Compiled only with the CUDA backend.
-#include "tpnorm/cuda_traffic.h"
-
 #include "kernels/cuda/plan.h"
+#include "tpnorm/cuda_traffic.h"
 
 namespace tpnorm {
 
@@ -89,8 +88,8 @@ Traffic bn_backward_traffic(const BnTrafficArgs& a) {
   if (n > 0) t.kernels.push_back({"bn apply_bwd", 2 * n + consts + hdr, n});
   const int64_t grads = (a.dgamma ? 1 : 0) + (a.dbeta ? 1 : 0);
   if (grads > 0)  // one float64 local sum per gradient and channel; invstd for dgamma
-    t.kernels.push_back({"bn param_grads", hdr + grads * a.c * 8 + (a.dgamma ? stat : 0),
-                         grads * a.c * a.elem});
+    t.kernels.push_back(
+        {"bn param_grads", hdr + grads * a.c * 8 + (a.dgamma ? stat : 0), grads * a.c * a.elem});
   return t;
 }
 

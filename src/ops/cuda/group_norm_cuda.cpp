@@ -44,10 +44,10 @@ void group_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
 }
 
 void group_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev,
-                              const kernels::cpu::GroupNormArgs& k, int64_t channels,
-                              double count, const TensorView& x, const TensorView& gamma,
-                              const TensorView& beta, const TensorView& y, const TensorView& mean,
-                              const TensorView& rstd, const NormOptions& opt) {
+                              const kernels::cpu::GroupNormArgs& k, int64_t channels, double count,
+                              const TensorView& x, const TensorView& gamma, const TensorView& beta,
+                              const TensorView& y, const TensorView& mean, const TensorView& rstd,
+                              const NormOptions& opt) {
   DeviceGuard guard(dev.device_index());
   const DType saved = rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);
   const kcu::GroupArgs a = device_args(k, channels, saved == DType::F64, dev.stream());
@@ -68,28 +68,26 @@ void group_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
   const kcu::GroupArgs a = device_args(k, 0, rstd.dtype == DType::F64, dev.stream());
   dispatch_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
-    kcu::group_partial_backward<T>(a, static_cast<const T*>(dy.data),
-                                   static_cast<const T*>(x.data),
+    kcu::group_partial_backward<T>(a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
                                    static_cast<const T*>(gamma.data), mean.data, rstd.data,
                                    call.wire() == DType::F64, call.payload_data(), call.scratch());
   });
 }
 
 void group_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev,
-                               const kernels::cpu::GroupNormArgs& k, int64_t channels,
-                               double count, const TensorView& dy, const TensorView& x,
-                               const TensorView& gamma, const TensorView& mean,
-                               const TensorView& rstd, const TensorView& dx,
+                               const kernels::cpu::GroupNormArgs& k, int64_t channels, double count,
+                               const TensorView& dy, const TensorView& x, const TensorView& gamma,
+                               const TensorView& mean, const TensorView& rstd, const TensorView& dx,
                                const TensorView& dgamma, const TensorView& dbeta) {
   DeviceGuard guard(dev.device_index());
   const kcu::GroupArgs a = device_args(k, channels, rstd.dtype == DType::F64, dev.stream());
   dispatch_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
-    kcu::group_apply_backward<T>(a, device_header(call, dev), count,
-                                 static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
-                                 static_cast<const T*>(gamma.data), mean.data, rstd.data,
-                                 static_cast<T*>(dx.data), static_cast<T*>(dgamma.data),
-                                 static_cast<T*>(dbeta.data), call.scratch(), dev.error_word());
+    kcu::group_apply_backward<T>(a, device_header(call, dev), count, static_cast<const T*>(dy.data),
+                                 static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
+                                 mean.data, rstd.data, static_cast<T*>(dx.data),
+                                 static_cast<T*>(dgamma.data), static_cast<T*>(dbeta.data),
+                                 call.scratch(), dev.error_word());
   });
 }
 

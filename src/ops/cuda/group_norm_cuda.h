@@ -21,20 +21,19 @@ void group_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
                                 const NormOptions& opt);
 /// count: elements per group over all ranks; channels: all channels.
 void group_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev,
-                              const kernels::cpu::GroupNormArgs& k, int64_t channels,
-                              double count, const TensorView& x, const TensorView& gamma,
-                              const TensorView& beta, const TensorView& y, const TensorView& mean,
-                              const TensorView& rstd, const NormOptions& opt);
+                              const kernels::cpu::GroupNormArgs& k, int64_t channels, double count,
+                              const TensorView& x, const TensorView& gamma, const TensorView& beta,
+                              const TensorView& y, const TensorView& mean, const TensorView& rstd,
+                              const NormOptions& opt);
 
 void group_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
                                  const kernels::cpu::GroupNormArgs& k, const TensorView& dy,
                                  const TensorView& x, const TensorView& gamma,
                                  const TensorView& mean, const TensorView& rstd);
 void group_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev,
-                               const kernels::cpu::GroupNormArgs& k, int64_t channels,
-                               double count, const TensorView& dy, const TensorView& x,
-                               const TensorView& gamma, const TensorView& mean,
-                               const TensorView& rstd, const TensorView& dx,
+                               const kernels::cpu::GroupNormArgs& k, int64_t channels, double count,
+                               const TensorView& dy, const TensorView& x, const TensorView& gamma,
+                               const TensorView& mean, const TensorView& rstd, const TensorView& dx,
                                const TensorView& dgamma, const TensorView& dbeta);
 
 }  // namespace tpnorm::detail

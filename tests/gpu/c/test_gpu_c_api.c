@@ -17,14 +17,14 @@
 #define HIDDEN 37
 
 static int fails = 0;
-#define CHECK(cond, ...)                      \
-  do {                                        \
-    if (!(cond)) {                            \
-      fprintf(stderr, "rank %d: ", rank);     \
-      fprintf(stderr, __VA_ARGS__);           \
-      fprintf(stderr, "\n");                  \
-      ++fails;                                \
-    }                                         \
+#define CHECK(cond, ...)                  \
+  do {                                    \
+    if (!(cond)) {                        \
+      fprintf(stderr, "rank %d: ", rank); \
+      fprintf(stderr, __VA_ARGS__);       \
+      fprintf(stderr, "\n");              \
+      ++fails;                            \
+    }                                     \
   } while (0)
 
 static float value(int r, int j) { return 100.0f + (float)((r * 31 + j * 17) % 23) / 3.0f; }
@@ -58,8 +58,8 @@ int main(int argc, char** argv) {
   CHECK(tpnorm_comm_create_mpi_staged_cuda(MPI_COMM_WORLD, s, dev, &comm) == TPNORM_SUCCESS,
         "create: %s", tpnorm_last_error());
   tpnorm_norm_options_t opt = TPNORM_NORM_OPTIONS_INITIALIZER;
-  CHECK(tpnorm_layer_norm_forward(comm, TPNORM_F32, ROWS, h, dx, NULL, NULL, dy, TPNORM_F32, dm,
-                                  dr, &opt) == TPNORM_SUCCESS,
+  CHECK(tpnorm_layer_norm_forward(comm, TPNORM_F32, ROWS, h, dx, NULL, NULL, dy, TPNORM_F32, dm, dr,
+                                  &opt) == TPNORM_SUCCESS,
         "forward: %s", tpnorm_last_error());
   CHECK(tpnorm_cuda_check_errors(comm) == TPNORM_SUCCESS, "check: %s", tpnorm_last_error());
   cudaMemcpy(y, dy, (size_t)(ROWS * h) * sizeof(float), cudaMemcpyDeviceToHost);

@@ -75,8 +75,8 @@ TEST_P(GpuBatchNorm, MatchesConcatenatedBatchReference) {
   std::vector<int64_t> n(P);
   for (int i = 0; i < P; ++i) n[i] = cs.per_rank[i % 4];
   const int64_t C = cs.c, N = std::accumulate(n.begin(), n.end(), int64_t{0});
-  const int64_t inner = std::accumulate(cs.spatial.begin(), cs.spatial.end(), int64_t{1},
-                                        std::multiplies<int64_t>());
+  const int64_t inner =
+      std::accumulate(cs.spatial.begin(), cs.spatial.end(), int64_t{1}, std::multiplies<int64_t>());
   const int64_t nb = n[me], b0 = std::accumulate(n.begin(), n.begin() + me, int64_t{0});
   const int64_t per = C * inner, count = N * inner;
   const bool cl = layout == Layout::kChannelsLast;
@@ -152,11 +152,11 @@ TEST_P(GpuBatchNorm, MatchesConcatenatedBatchReference) {
 }
 
 const Case kCases[] = {
-    {"c3_4x5_uneven", 3, {4, 5}, {3, 0, 5, 1}},    // narrow kernel (inner 20)
-    {"c4_40_uneven", 4, {40}, {2, 1, 0, 3}},       // wide kernel (inner 40)
-    {"c70_3", 70, {3}, {2, 2, 1, 2}},              // several 32-channel tiles
-    {"c5_nospatial", 5, {}, {7, 0, 4, 2}},         // [N, C]
-    {"c6_130_many", 6, {130}, {17, 9, 11, 1}},     // many splits of the wide kernel
+    {"c3_4x5_uneven", 3, {4, 5}, {3, 0, 5, 1}},  // narrow kernel (inner 20)
+    {"c4_40_uneven", 4, {40}, {2, 1, 0, 3}},     // wide kernel (inner 40)
+    {"c70_3", 70, {3}, {2, 2, 1, 2}},            // several 32-channel tiles
+    {"c5_nospatial", 5, {}, {7, 0, 4, 2}},       // [N, C]
+    {"c6_130_many", 6, {130}, {17, 9, 11, 1}},   // many splits of the wide kernel
 };
 
 // A zero-size spatial dim ([n, 8, 0, 5], x and y null) on device: nothing may read x (an
@@ -220,24 +220,20 @@ std::string name(const ::testing::TestParamInfo<Param>& i) {
 
 INSTANTIATE_TEST_SUITE_P(Staged, GpuBatchNorm,
                          ::testing::Combine(::testing::ValuesIn(kCases),
-                                            ::testing::Values(Layout::kNCHW,
-                                                              Layout::kChannelsLast),
+                                            ::testing::Values(Layout::kNCHW, Layout::kChannelsLast),
                                             ::testing::Values(DType::F32),
                                             ::testing::Values(false)),
                          name);
 INSTANTIATE_TEST_SUITE_P(Half, GpuBatchNorm,
                          ::testing::Combine(::testing::Values(kCases[0], kCases[1]),
-                                            ::testing::Values(Layout::kNCHW,
-                                                              Layout::kChannelsLast),
+                                            ::testing::Values(Layout::kNCHW, Layout::kChannelsLast),
                                             ::testing::Values(DType::F16, DType::BF16),
                                             ::testing::Values(false)),
                          name);
 INSTANTIATE_TEST_SUITE_P(Nccl, GpuBatchNorm,
                          ::testing::Combine(::testing::Values(kCases[1], kCases[2]),
-                                            ::testing::Values(Layout::kNCHW,
-                                                              Layout::kChannelsLast),
-                                            ::testing::Values(DType::F32),
-                                            ::testing::Values(true)),
+                                            ::testing::Values(Layout::kNCHW, Layout::kChannelsLast),
+                                            ::testing::Values(DType::F32), ::testing::Values(true)),
                          name);
 
 }  // namespace

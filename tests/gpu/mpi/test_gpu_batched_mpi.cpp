@@ -74,8 +74,8 @@ TEST_P(GpuBatched, ItemsMatchReferenceAndCpuShards) {
   if (nccl) comm = make_nccl_communicator(MPI_COMM_WORLD, s);
 #endif
   if (!comm) comm = make_mpi_staged_cuda_communicator(MPI_COMM_WORLD, s, dev);
-  const ItemCase cases[] = {{true, DType::F32, 13, 1000}, {false, DType::BF16, 3, 1030},
-                            {true, DType::F16, 1, 7}};
+  const ItemCase cases[] = {
+      {true, DType::F32, 13, 1000}, {false, DType::BF16, 3, 1030}, {true, DType::F16, 1, 7}};
   constexpr int K = 3;
   std::vector<ItemData> data;
   for (int k = 0; k < K; ++k) data.push_back(make_item(cases[k], k));
@@ -95,10 +95,22 @@ TEST_P(GpuBatched, ItemsMatchReferenceAndCpuShards) {
     const Shape sx{R, h}, p{h}, r{R};
     const bool c = data[k].c.centered;
     auto& v = b[k];
-    fwd[k] = {c, v[0].view(sx), v[2].view(p), c ? v[3].view(p) : TensorView{}, v[4].view(sx),
-              c ? v[8].view(r) : TensorView{}, v[9].view(r)};
-    bwd[k] = {c, v[1].view(sx), v[0].view(sx), v[2].view(p), c ? v[8].view(r) : TensorView{},
-              v[9].view(r), v[5].view(sx), v[6].view(p), c ? v[7].view(p) : TensorView{}};
+    fwd[k] = {c,
+              v[0].view(sx),
+              v[2].view(p),
+              c ? v[3].view(p) : TensorView{},
+              v[4].view(sx),
+              c ? v[8].view(r) : TensorView{},
+              v[9].view(r)};
+    bwd[k] = {c,
+              v[1].view(sx),
+              v[0].view(sx),
+              v[2].view(p),
+              c ? v[8].view(r) : TensorView{},
+              v[9].view(r),
+              v[5].view(sx),
+              v[6].view(p),
+              c ? v[7].view(p) : TensorView{}};
   }
   comm->reset_counters();
   batched_norm_forward(*comm, fwd.data(), K);
@@ -114,11 +126,10 @@ TEST_P(GpuBatched, ItemsMatchReferenceAndCpuShards) {
     const RowOut got{v[4].floats(), v[8].floats(), v[9].floats(),
                      v[5].floats(), v[6].floats(), v[7].floats()};
     const RowOut want = run_rows(*cpu, d.c.centered, d.in, -1);
-    const auto ref = tpnorm_test::row_norm_reference(d.c.centered, d.full.x, d.c.rows,
-                                                     d.c.hidden, d.full.gamma, d.full.beta, 1e-5,
-                                                     d.full.dy);
-    const int64_t w = count_wrong_rows(got, want, ref, d.c.centered, d.c.dt, d.c.rows,
-                                       d.c.hidden, d.c0, d.in.h);
+    const auto ref = tpnorm_test::row_norm_reference(d.c.centered, d.full.x, d.c.rows, d.c.hidden,
+                                                     d.full.gamma, d.full.beta, 1e-5, d.full.dy);
+    const int64_t w =
+        count_wrong_rows(got, want, ref, d.c.centered, d.c.dt, d.c.rows, d.c.hidden, d.c0, d.in.h);
     EXPECT_EQ(w, 0) << "item " << k;
     wrong += w;
   }

@@ -44,8 +44,7 @@ bool make_comm(bool nccl, Comm& c, std::string* skip) {
 #ifndef TPNORM_WITH_NCCL
   if (nccl) return *skip = "built without NCCL", false;
 #endif
-  if (nccl && tpnorm_gpu::gpu_count() < P)
-    return *skip = "NCCL needs a GPU per rank", false;
+  if (nccl && tpnorm_gpu::gpu_count() < P) return *skip = "NCCL needs a GPU per rank", false;
   c.device = local_cuda_device(MPI_COMM_WORLD);
   cudaSetDevice(c.device);
   cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking);
@@ -61,7 +60,8 @@ std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.en
 
 // ---- fused ----------------------------------------------------------------------------------
 
-using FusedParam = std::tuple<bool, DType, double, bool, bool>;  // centered, dtype, alpha, extra, nccl
+using FusedParam =
+    std::tuple<bool, DType, double, bool, bool>;  // centered, dtype, alpha, extra, nccl
 class GpuFused : public ::testing::TestWithParam<FusedParam> {};
 
 TEST_P(GpuFused, MatchesReferenceAndCpuShards) {
@@ -80,8 +80,7 @@ TEST_P(GpuFused, MatchesReferenceAndCpuShards) {
   const auto gamma = rounded(dt, normal(41, 2, H, 1.0, 0.5)), beta = rounded(dt, normal(41, 3, H));
   const auto dy = rounded(dt, normal(41, 4, R * H)), dhx = rounded(dt, normal(41, 5, R * H));
   std::vector<float> hs(R * H);  // the op's h: alpha*x + f in float32, rounded to dt
-  for (size_t i = 0; i < hs.size(); ++i)
-    hs[i] = static_cast<float>(alpha) * x[i] + f[i];
+  for (size_t i = 0; i < hs.size(); ++i) hs[i] = static_cast<float>(alpha) * x[i] + f[i];
   hs = rounded(dt, hs);
   const FusedRef ref = fused_reference(centered, x, f, alpha, hs, R, H, gamma,
                                        centered ? beta : std::vector<float>{}, 1e-5, dy,
@@ -118,8 +117,8 @@ TEST_P(GpuFused, MatchesReferenceAndCpuShards) {
   } else {
     fused_add_rms_norm_forward(*c.comm, gx.view(s), gf.view(s), alpha, gg.view(p), gh.view(s),
                                gy.view(s), grs.view(r));
-    fused_add_rms_norm_backward(*c.comm, gdy.view(s), dh_extra, gh.view(s), gg.view(p),
-                                grs.view(r), alpha, gdx.view(s), gdf.view(s), gdg.view(p));
+    fused_add_rms_norm_backward(*c.comm, gdy.view(s), dh_extra, gh.view(s), gg.view(p), grs.view(r),
+                                alpha, gdx.view(s), gdf.view(s), gdg.view(p));
   }
   cudaStreamSynchronize(c.stream);
   EXPECT_NO_THROW(cuda_check_errors(*c.comm));
@@ -135,8 +134,8 @@ TEST_P(GpuFused, MatchesReferenceAndCpuShards) {
   st.affine = true;
   st.backward = true;
   st.extra = extra;
-  const FusedOut want = run_fused(*cpu, st, cols(x), cols(f), cols(gamma), cols(beta), cols(dy),
-                                  cols(dhx));
+  const FusedOut want =
+      run_fused(*cpu, st, cols(x), cols(f), cols(gamma), cols(beta), cols(dy), cols(dhx));
   const double rt = storage_rtol(dt);
   const double rs_max = *std::max_element(ref.norm.rstd.begin(), ref.norm.rstd.end());
   const double dxt = rt * std::max(1.0, rs_max) * std::max(1.0, std::abs(alpha));
@@ -160,7 +159,8 @@ TEST_P(GpuFused, MatchesReferenceAndCpuShards) {
 
 std::string fused_name(const ::testing::TestParamInfo<FusedParam>& i) {
   return std::string(std::get<0>(i.param) ? "LayerNorm_" : "RMSNorm_") +
-         dtype_name(std::get<1>(i.param)) + (std::get<2>(i.param) == 1.0 ? "_alpha1" : "_deepnorm") +
+         dtype_name(std::get<1>(i.param)) +
+         (std::get<2>(i.param) == 1.0 ? "_alpha1" : "_deepnorm") +
          (std::get<3>(i.param) ? "_dh_extra" : "") + (std::get<4>(i.param) ? "_nccl" : "_staged");
 }
 
@@ -211,7 +211,8 @@ TEST_P(GpuGroupNorm, MatchesReferenceAndCpuSlices) {
       gg(Buffer(dt, gs), false, c.device), gb(Buffer(dt, bs), false, c.device),
       gy(Buffer(dt, N * cl * S), false, c.device), gdx(Buffer(dt, N * cl * S), false, c.device),
       gdg(Buffer(dt, cl), false, c.device), gdb(Buffer(dt, cl), false, c.device),
-      gm(Buffer(DType::F32, N * G), false, c.device), grs(Buffer(DType::F32, N * G), false, c.device);
+      gm(Buffer(DType::F32, N * G), false, c.device),
+      grs(Buffer(DType::F32, N * G), false, c.device);
   c.comm->reset_counters();
   if (instance) {
     ChannelGroups ic = cg;
@@ -254,8 +255,8 @@ TEST_P(GpuGroupNorm, MatchesReferenceAndCpuSlices) {
   wrong += count_wrong("dbeta", gdb.floats(), rdb, rt * count, rt);
   wrong += count_wrong("y vs cpu", gy.floats(), widen(want.y), rt, rt);
   wrong += count_wrong("rstd vs cpu", grs.floats(), widen(want.rstd), 0, 1e-6);
-  wrong += count_wrong("dx vs cpu", gdx.floats(), widen(want.dx), rt * std::max(1.0, rs_max),
-                       10 * rt);
+  wrong +=
+      count_wrong("dx vs cpu", gdx.floats(), widen(want.dx), rt * std::max(1.0, rs_max), 10 * rt);
   EXPECT_EQ(sum_over_ranks(wrong), 0) << "elements out of tolerance, all ranks";
 }
 
@@ -272,8 +273,7 @@ INSTANTIATE_TEST_SUITE_P(Staged, GpuGroupNorm,
                          group_name);
 INSTANTIATE_TEST_SUITE_P(Nccl, GpuGroupNorm,
                          ::testing::Combine(::testing::Values(int64_t{4}),
-                                            ::testing::Values(DType::F32),
-                                            ::testing::Values(true)),
+                                            ::testing::Values(DType::F32), ::testing::Values(true)),
                          group_name);
 
 }  // namespace

@@ -54,8 +54,8 @@ std::unique_ptr<Communicator> make_comm(Kind kind, cudaStream_t* s, std::string*
 }
 
 struct Shard {
-  RowIn in;      // this rank's columns
-  RowIn full;    // all columns (for the reference)
+  RowIn in;    // this rank's columns
+  RowIn full;  // all columns (for the reference)
   int64_t c0 = 0;
 };
 
@@ -101,10 +101,9 @@ TEST_P(GpuRowNormRanks, MatchesReferenceAndCpuShards) {
   EXPECT_NO_THROW(cuda_check_errors(*gpu));
   auto cpu_comm = make_mpi_communicator(MPI_COMM_WORLD);
   const RowOut cpu = run_rows(*cpu_comm, centered, sh.in, -1);
-  const auto ref = tpnorm_test::row_norm_reference(centered, sh.full.x, c.rows, c.hidden,
-                                                   sh.full.gamma,
-                                                   centered ? sh.full.beta : std::vector<float>{},
-                                                   1e-5, sh.full.dy);
+  const auto ref = tpnorm_test::row_norm_reference(
+      centered, sh.full.x, c.rows, c.hidden, sh.full.gamma,
+      centered ? sh.full.beta : std::vector<float>{}, 1e-5, sh.full.dy);
   const int64_t wrong =
       count_wrong_rows(got, cpu, ref, centered, dt, c.rows, c.hidden, sh.c0, sh.in.h);
   EXPECT_EQ(tpnorm_test::sum_over_ranks(wrong), 0) << "elements out of tolerance, all ranks";
@@ -120,15 +119,14 @@ const Case kCases[] = {
 };
 
 std::string name(const ::testing::TestParamInfo<Param>& i) {
-  return std::string(std::get<1>(i.param) ? "LayerNorm_" : "RMSNorm_") +
-         std::get<0>(i.param).name + "_" + dtype_name(std::get<2>(i.param)) +
+  return std::string(std::get<1>(i.param) ? "LayerNorm_" : "RMSNorm_") + std::get<0>(i.param).name +
+         "_" + dtype_name(std::get<2>(i.param)) +
          (std::get<3>(i.param) == Kind::kNccl ? "_nccl" : "_staged");
 }
 
 INSTANTIATE_TEST_SUITE_P(Staged, GpuRowNormRanks,
                          ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Bool(),
-                                            ::testing::Values(DType::F32, DType::F16,
-                                                              DType::BF16),
+                                            ::testing::Values(DType::F32, DType::F16, DType::BF16),
                                             ::testing::Values(Kind::kStaged)),
                          name);
 INSTANTIATE_TEST_SUITE_P(Nccl, GpuRowNormRanks,
@@ -224,8 +222,8 @@ TEST(GpuRowNormRanksGraph, NcclCaptureAndReplayMatchesCpu) {
   RowIn in = sh.in;
   in.beta.clear();
   const RowOut cpu = run_rows(*cpu_comm, false, in, -1);
-  const auto ref = tpnorm_test::row_norm_reference(false, sh.full.x, R, c.hidden, sh.full.gamma,
-                                                   {}, 1e-5, sh.full.dy);
+  const auto ref = tpnorm_test::row_norm_reference(false, sh.full.x, R, c.hidden, sh.full.gamma, {},
+                                                   1e-5, sh.full.dy);
   const int64_t wrong = count_wrong_rows(got, cpu, ref, false, DType::F32, R, c.hidden, sh.c0, h);
   EXPECT_EQ(tpnorm_test::sum_over_ranks(wrong), 0);
   EXPECT_NO_THROW(cuda_check_errors(*gpu));

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
 
   int wrong = 0;
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < h; ++c) wrong += !(std::fabs(y[r * h + c] - Y[r * H + c0 + c]) <= 1e-5f);
+    for (int64_t c = 0; c < h; ++c)
+      wrong += !(std::fabs(y[r * h + c] - Y[r * H + c0 + c]) <= 1e-5f);
   MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) std::printf("tpnorm C++ consumer at %d ranks: %d wrong elements\n", P, wrong);
   world.reset();
