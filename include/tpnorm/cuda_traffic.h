@@ -14,9 +14,9 @@
 // communicator's own, not a kernel of tpnorm). It is a model worked from the kernels' code,
 // not a measurement: caches may serve a re-read, which still counts here.
 //
-// Covered: the row norms (LayerNorm / RMSNorm) and SyncBatchNorm training calls, forward and
+// Covered: the row norms (LayerNorm / RMSNorm) and SyncBatchNorm (training and eval), forward and
 // backward, of a call that succeeds. Not covered: the fused residual add, GroupNorm, batched
-// norms, SyncBatchNorm in eval mode.
+// norms.
 #pragma once
 
 #include <cstdint>
@@ -60,19 +60,25 @@ struct RowTrafficArgs {
 Traffic row_forward_traffic(const RowTrafficArgs& a);
 Traffic row_backward_traffic(const RowTrafficArgs& a);
 
-/// A SyncBatchNorm training call on this rank's [outer, c, inner] (NCHW: outer = n, inner =
+/// A SyncBatchNorm call on this rank's [outer, c, inner] (NCHW: outer = n, inner =
 /// prod(spatial); channels-last: outer = n * prod(spatial), inner = 1).
 struct BnTrafficArgs {
   int64_t outer = 0, c = 0, inner = 1;
   bool channels_last = false;
   int64_t elem = 4, wire = 8, saved = 4, running = 4, header = 10;
-  bool robust = true;          ///< forward: the combine kernel re-reads each channel's pivot
-  bool update_running = true;  ///< forward: running mean / var read and written
+  /// false: eval with running statistics (forward: no sums, no collective; backward: no
+  /// collective, no sums either unless dgamma / dbeta are requested, dx from dy alone)
+  bool training = true;
+  bool robust = true;          ///< forward: the sums kernel stores each channel's pivot
+  bool update_running = true;  ///< forward, training: running mean / var read and written
   bool gamma = true, beta = true;
   bool dgamma = true, dbeta = true;
 };
 
-/// The kernels of a successful SyncBatchNorm training forward / backward call and their bytes.
+/// The kernels of a successful SyncBatchNorm forward / backward call and their bytes: a
+/// training forward moves 3 N s (x for the sums, x again and y in the apply), a training
+/// backward 5 N s (dy, x; dy, x, dx), an eval forward 2 N s, an eval backward 2 N s without
+/// parameter gradients (4 N s with), plus per-channel terms.
 Traffic bn_forward_traffic(const BnTrafficArgs& a);
 Traffic bn_backward_traffic(const BnTrafficArgs& a);
 

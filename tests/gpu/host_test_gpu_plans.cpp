@@ -93,7 +93,7 @@ TEST(GpuPlanRows, DgammaChunksCoverEveryRowOnce) {
 TEST(GpuPlanChannels, NoElementMeansNoSumsKernelAndNoPivotRead) {
   for (auto [outer, c, inner] :
        std::vector<std::array<int64_t, 3>>{{4, 8, 0}, {0, 5, 1}, {0, 8, 0}, {0, 3, 7}, {4, 0, 5}}) {
-    const BnPlan p = plan_channels(outer, c, inner);
+    const BnPlan p = plan_channels(outer, c, inner, 2);
     EXPECT_EQ(p.splits, 0) << outer << "x" << c << "x" << inner;
     EXPECT_FALSE(p.has_values) << outer << "x" << c << "x" << inner;
   }
@@ -103,12 +103,13 @@ TEST(GpuPlanChannels, SplitsCoverTheOuterDimension) {
   for (int64_t outer : {1, 3, 8, 9, 64, 1000, 4096})
     for (int64_t c : {1, 3, 32, 33, 67, 2048})
       for (int64_t inner : {1, 5, 31, 32, 64, 4096}) {
-        const BnPlan p = plan_channels(outer, c, inner);
+        const BnPlan p = plan_channels(outer, c, inner, 2);
         ASSERT_TRUE(p.has_values);
-        EXPECT_EQ(p.wide, inner >= 32);
+        EXPECT_EQ(p.rows, inner == 1);
         ASSERT_GT(p.splits, 0);
-        EXPECT_GE(p.splits * p.per, outer);
-        EXPECT_LT((p.splits - 1) * p.per, outer) << "an empty split";
+        const int64_t work = p.rows ? outer : p.units;  // rows, or vectors of a channel
+        EXPECT_GE(p.splits * p.per, work);
+        EXPECT_LT((p.splits - 1) * p.per, work) << "an empty split";
         EXPECT_LE(p.splits, 65535) << "grid y limit";
       }
 }

@@ -75,27 +75,28 @@ TEST(GpuTraffic, LayerNormBackwardWithoutParamsHasNoColumnPass) {
 }
 
 TEST(GpuTraffic, SyncBatchNormForwardNchwFp32) {
-  // [2, 3, 40] fp32: x 960 B; plan: wide, 2 splits -> partials 2 x 2 x 3 floats = 48 B;
-  // payload 3 x {S1, S2} x 8 = 48; the pivot re-read in combine: 3 channels x 32 values x 4.
+  // [2, 3, 40] fp32: x 960 B; plan: planes, vec 4, one split (240 elements < 8192) ->
+  // partials 1 x 2 x 3 floats = 24 B; pivots 3 floats = 12 B (written by the sums kernel, read
+  // by combine); payload 3 x {S1, S2} x 8 = 48.
   BnTrafficArgs a;
   a.outer = 2;
   a.c = 3;
   a.inner = 40;
   const Traffic t = bn_forward_traffic(a);
-  expect_kernels(t, {{"bn sums_wide", 960, 48},
-                     {"bn combine", 48 + 384, 48},
+  expect_kernels(t, {{"bn sums_planes", 960, 24 + 12},
+                     {"bn combine", 24 + 12, 48},
                      {"call header", 0, 80},
                      // header + payload + gamma, beta (24) + running (24); consts 48 +
                      // saved 24 + running 24
                      {"bn fwd_consts", 80 + 48 + 24 + 24, 48 + 24 + 24},
                      {"bn apply_fwd", 960 + 48 + 80, 960}});
-  EXPECT_EQ(t.read(), 2656);
-  EXPECT_EQ(t.written(), 1232);
+  EXPECT_EQ(t.read(), 2260);
+  EXPECT_EQ(t.written(), 1220);
 }
 
 TEST(GpuTraffic, SyncBatchNormBackwardChannelsLastBf16) {
   // n = 2, 3 x 5 spatial, 4 channels, channels-last: [30, 4, 1]; dy, x, dx 240 B each; plan:
-  // narrow, 4 splits of 8 rows -> partials 4 x 2 x 4 floats = 128 B; mean/invstd 16 B each.
+  // rows, vec 4, one split -> partials 1 x 2 x 4 floats = 32 B; mean/invstd 16 B each.
   BnTrafficArgs a;
   a.outer = 30;
   a.c = 4;
@@ -103,14 +104,54 @@ TEST(GpuTraffic, SyncBatchNormBackwardChannelsLastBf16) {
   a.channels_last = true;
   a.elem = 2;
   const Traffic t = bn_backward_traffic(a);
-  expect_kernels(t, {{"bn sums_narrow", 480 + 16, 128},
-                     {"bn combine", 128, 64 + 64},
+  expect_kernels(t, {{"bn sums_rows", 480 + 16, 32},
+                     {"bn combine", 32, 64 + 64},
                      {"call header", 0, 80},
                      {"bn bwd_consts", 80 + 64 + 8 + 32, 80},
                      {"bn apply_bwd", 480 + 80 + 80, 240},
                      {"bn param_grads", 80 + 64 + 16, 16}});
-  EXPECT_EQ(t.read(), 1608);
-  EXPECT_EQ(t.written(), 672);
+  EXPECT_EQ(t.read(), 1512);
+  EXPECT_EQ(t.written(), 576);
+}
+
+TEST(GpuTraffic, SyncBatchNormIssueShapeSplits) {
+  // 32 x 64 x 56 x 56 bf16 NCHW: 32 splits (plan.h; host_test_gpu_bn_plan works it out), so
+  // 32 x 2 x 64 floats of partials = 16384 B; x = 12845056 B; 3 N s + small terms.
+  BnTrafficArgs a;
+  a.outer = 32;
+  a.c = 64;
+  a.inner = 56 * 56;
+  a.elem = 2;
+  const Traffic t = bn_forward_traffic(a);
+  ASSERT_EQ(t.kernels.size(), 5u);
+  EXPECT_EQ(t.kernels[0].written, 16384 + 256);
+  EXPECT_EQ(t.kernels[1].read, 16384 + 256);
+  const int64_t ns = 12845056;
+  EXPECT_EQ(t.total() - 3 * ns, (16384 + 256) * 2 + 1024 + 80 + (80 + 1024 + 256 + 512) +
+                                    (1024 + 512 + 512) + (1024 + 80));
+}
+
+TEST(GpuTraffic, SyncBatchNormEvalMovesTwoNs) {
+  // [2, 3, 40]: forward from running statistics (fp32: x 960 B), no sums, no header.
+  BnTrafficArgs a;
+  a.outer = 2;
+  a.c = 3;
+  a.inner = 40;
+  a.training = false;
+  expect_kernels(bn_forward_traffic(a),
+                 {{"bn fwd_consts", 24 + 24, 48 + 24}, {"bn apply_fwd", 960 + 48, 960}});
+  // bf16 backward without parameter gradients: no partial pass, dx from dy alone (480 B each).
+  a.elem = 2;
+  a.dgamma = a.dbeta = false;
+  expect_kernels(bn_backward_traffic(a),
+                 {{"bn bwd_consts", 6 + 24, 60}, {"bn apply_bwd", 480 + 60, 480}});
+  // with dbeta: the sums for this rank's local sums, no payload, no header.
+  a.dbeta = true;
+  expect_kernels(bn_backward_traffic(a), {{"bn sums_planes", 960 + 12, 24},
+                                          {"bn combine", 24, 48},
+                                          {"bn bwd_consts", 6 + 24, 60},
+                                          {"bn apply_bwd", 480 + 60, 480},
+                                          {"bn param_grads", 24, 6}});
 }
 
 TEST(GpuTraffic, EmptyShapesLaunchOnlyTheHeader) {
@@ -126,7 +167,7 @@ TEST(GpuTraffic, EmptyShapesLaunchOnlyTheHeader) {
   b.inner = 0;  // a zero-size spatial dim: no sums kernel, no apply
   const Traffic t = bn_forward_traffic(b);
   for (const KernelBytes& k : t.kernels) {
-    EXPECT_NE(std::string(k.kernel), "bn sums_wide");
+    EXPECT_NE(std::string(k.kernel), "bn sums_planes");
     EXPECT_NE(std::string(k.kernel), "bn apply_fwd");
   }
 }

@@ -1,11 +1,15 @@
-// batch_norm.cu — CUDA kernels of SyncBatchNorm; see batch_norm.h.
+// batch_norm.cu — CUDA kernels of SyncBatchNorm; see batch_norm.h, and plan.h for the two walks.
 //
-// Kernels: sums_wide (a 256-thread block per (channel, split), for inner >= 32, coalesced along
-// inner) and sums_narrow (32 channels x 8 rows per block, for channels-last and small inner)
-// make the per-split partial sums; combine adds the splits in order per channel; fwd_consts /
-// bwd_consts make the per-channel constants; apply_fwd / apply_bwd are element-wise;
-// param_grads writes dgamma / dbeta. Templates: only the storage type (and the pass).
+// Element kernels, each in the planes walk (a block per channel and split, inner > 1) and the
+// rows walk (a block per tile of channels and split, inner == 1): sums_* make the per-split
+// partial sums; apply_fwd_* / apply_bwd_* write y / dx. Every thread keeps its channel's (or
+// its vec channels') constants in registers, issues kBnLoads vector accesses per tensor before
+// it uses any, and finds the next element by additions (no division per element). Per-channel
+// kernels: combine adds the splits in order per channel (deterministic for a shape: the same
+// plan, the same order; no atomics), fwd_consts / bwd_consts make the per-channel constants,
+// param_grads writes dgamma / dbeta. Templates: the storage type, the vector width, the pass.
 #include <algorithm>
+#include <type_traits>
 
 #include "common/half.h"
 #include "kernels/cuda/batch_norm.h"
@@ -16,100 +20,155 @@
 namespace tpnorm::kernels::cuda {
 namespace {
 
-constexpr int kWide = kBnWide, kTileC = kBnTileC, kTileR = kBnTileR;
+constexpr int K = kBnLoads;
 
 struct Geo {
   int64_t outer, c, inner;
   bool channels_last = false;  // only the pivot's span depends on it (as on CPU)
-  bool has_values = false;     // outer * inner > 0: only then may x be read
 };
 
 // The robust pivot of channel ch on this rank: the CPU kernels' (common/pivot.h); a
-// channels-last tensor here is [outer = n * inner, c, 1].
+// channels-last tensor here is [outer = n * inner, c, 1]. Only called when the rank has values.
 template <class T>
 __device__ __forceinline__ float channel_pivot(const Geo& g, const T* x, int64_t ch) {
-  if (!g.has_values) return 0.0f;
   return detail::channel_pivot(x, g.outer, g.c, g.inner, g.channels_last, ch);
 }
 
-// The values a pass sums per element: forward {d, d^2} with d = x - pivot; backward
-// {dy, dy * (x - mean)}.
-template <class T, bool kBwd>
-struct Term {
-  const T* x;
-  const T* dy;
-  __device__ __forceinline__ void add(int64_t i, float a, float b, float (&v)[2]) const {
-    if (kBwd) {
-      const float g = to_f(dy[i]);
-      v[0] += g;
-      v[1] += g * ((to_f(x[i]) - a) - b);
-    } else {
-      const float d = to_f(x[i]) - a;
-      v[0] += d;
-      v[1] += d * d;
-    }
-  }
-};
-
-// Per channel: the pivot (forward) or the split mean (backward) as (a, b).
-template <class T, bool kBwd>
-__device__ __forceinline__ void channel_ref(const Geo& g, const T* x, const void* mean, bool s64,
-                                            bool robust, int64_t ch, float& a, float& b) {
+// What a pass adds per element into v[2]: forward {d, d^2} with d = x - a (a: the pivot, or 0);
+// backward {dy, dy * ((x - a) - b)} with (a, b) the saved mean split into floats.
+template <bool kBwd>
+__device__ __forceinline__ void add_term(float xv, float gv, float a, float b, float (&v)[2]) {
   if (kBwd) {
-    split_mean(load_fd(mean, ch, s64), a, b);
+    v[0] += gv;
+    v[1] += gv * ((xv - a) - b);
   } else {
-    a = robust ? channel_pivot(g, x, ch) : 0.0f;
-    b = 0.0f;
+    const float d = xv - a;
+    v[0] += d;
+    v[1] += d * d;
   }
 }
 
+// Per channel: the pivot (forward, robust; else 0) or the split saved mean (backward).
 template <class T, bool kBwd>
-__global__ void __launch_bounds__(kWide)
-    sums_wide(Geo g, Term<T, kBwd> t, const void* mean, bool s64, bool robust, int64_t per,
-              float* part) {
+__device__ __forceinline__ void channel_ref(const Geo& g, const T* x, const void* mean, bool s64,
+                                            bool robust, int64_t ch, float& a, float& b) {
+  a = b = 0.0f;
+  if (kBwd)
+    split_mean(load_fd(mean, ch, s64), a, b);
+  else if (robust)
+    a = channel_pivot(g, x, ch);
+}
+
+template <class T, int V>
+using Vec = Pack<T, V>;
+
+// Planes walk (plan.h): block (ch, sp); thread t sums its units into kBnLoads independent
+// accumulator pairs, added in a fixed order, then the block's sum in a fixed order.
+template <class T, int V, bool kBwd>
+__global__ void __launch_bounds__(kBnThreads)
+    sums_planes(BnPlan p, Geo g, const T* __restrict__ x, const T* __restrict__ dy,
+                const void* mean, bool s64, bool robust, float* part, float* pivots) {
   const int64_t ch = blockIdx.x, sp = blockIdx.y;
-  float a, b;
-  channel_ref<T, kBwd>(g, t.x, mean, s64, robust, ch, a, b);
-  float v[2] = {0.0f, 0.0f};
-  const int64_t o1 = min(g.outer, (sp + 1) * per);
-  for (int64_t o = sp * per; o < o1; ++o) {
-    const int64_t base = (o * g.c + ch) * g.inner;
-    for (int64_t s = threadIdx.x; s < g.inner; s += blockDim.x) t.add(base + s, a, b, v);
+  __shared__ float ref[2];  // one thread reads the channel's pivot / mean for the block
+  if (threadIdx.x == 0) {
+    channel_ref<T, kBwd>(g, x, mean, s64, robust, ch, ref[0], ref[1]);
+    if (!kBwd && robust && sp == 0) pivots[ch] = ref[0];  // for combine
   }
-  group_sum<2>(v, blockDim.x);
+  __syncthreads();
+  const float a = ref[0], b = ref[1];
+  float acc[K][2] = {};
+  BnWalk w = BnWalk::start(p, g.c, ch, sp, threadIdx.x);
+  while (w.left > 0) {
+    Vec<T, V> xs[K], gs[K];
+    bool on[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {  // every access of the round in flight before any use
+      on[k] = w.left > 0;
+      if (on[k]) {
+        xs[k] = load_pack<T, V>(x, w.at);
+        if (kBwd) gs[k] = load_pack<T, V>(dy, w.at);
+        w.next(p);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (on[k])
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          add_term<kBwd>(to_f(xs[k].v[j]), kBwd ? to_f(gs[k].v[j]) : 0.0f, a, b, acc[k]);
+  }
+  float v[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[0] += acc[k][0], v[1] += acc[k][1];
+  group_sum<2>(v, kBnThreads);
   if (threadIdx.x == 0) {
     part[(2 * sp) * g.c + ch] = v[0];
     part[(2 * sp + 1) * g.c + ch] = v[1];
   }
 }
 
-template <class T, bool kBwd>
-__global__ void __launch_bounds__(kTileC* kTileR)
-    sums_narrow(Geo g, Term<T, kBwd> t, const void* mean, bool s64, bool robust, int64_t per,
-                float* part) {
-  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kTileC + threadIdx.x, sp = blockIdx.y;
-  float v[2] = {0.0f, 0.0f};
-  if (ch < g.c) {
-    float a, b;
-    channel_ref<T, kBwd>(g, t.x, mean, s64, robust, ch, a, b);
-    const int64_t o1 = min(g.outer, (sp + 1) * per);
-    for (int64_t o = sp * per + threadIdx.y; o < o1; o += kTileR)
-      for (int64_t s = 0; s < g.inner; ++s) t.add((o * g.c + ch) * g.inner + s, a, b, v);
+// Rows walk (plan.h): block (tile, sp) of tile_x vector columns x tile_y rows; thread (tx, ty)
+// owns channels gi * V .. gi * V + V - 1 (gi = its vector column) and sums rows ty, ty +
+// tile_y, ... of the split; the block then adds its tile_y rows per channel in row order.
+template <class T, int V, bool kBwd>
+__global__ void __launch_bounds__(kBnThreads)
+    sums_rows(BnPlan p, Geo g, const T* __restrict__ x, const T* __restrict__ dy, const void* mean,
+              bool s64, bool robust, float* part, float* pivots) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t gi = static_cast<int64_t>(blockIdx.x) * p.tile_x + tx, sp = blockIdx.y;
+  float acc[V][2] = {};
+  if (gi < p.groups) {
+    float a[V], b[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      channel_ref<T, kBwd>(g, x, mean, s64, robust, gi * V + j, a[j], b[j]);
+      if (!kBwd && robust && sp == 0 && ty == 0) pivots[gi * V + j] = a[j];  // for combine
+    }
+    const int64_t r1 = min(g.outer, (sp + 1) * p.per), step = p.tile_y * p.groups;
+    int64_t r = sp * p.per + ty, at = r * p.groups + gi;
+    while (r < r1) {
+      Vec<T, V> xs[K], gs[K];
+      bool on[K];
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        on[k] = r < r1;
+        if (on[k]) {
+          xs[k] = load_pack<T, V>(x, at);
+          if (kBwd) gs[k] = load_pack<T, V>(dy, at);
+          at += step;
+          r += p.tile_y;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (on[k])
+#pragma unroll
+          for (int j = 0; j < V; ++j)
+            add_term<kBwd>(to_f(xs[k].v[j]), kBwd ? to_f(gs[k].v[j]) : 0.0f, a[j], b[j], acc[j]);
+    }
   }
-  __shared__ float s0[kTileR][kTileC + 1], s1[kTileR][kTileC + 1];
-  s0[threadIdx.y][threadIdx.x] = v[0];
-  s1[threadIdx.y][threadIdx.x] = v[1];
+  // Every thread reaches this barrier (threads past the last channel hold zeros).
+  __shared__ float s0[kBnThreads * 8], s1[kBnThreads * 8];  // [tile_y][tile_x * V]
+  const int width = p.tile_x * V;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    s0[ty * width + tx * V + j] = acc[j][0];
+    s1[ty * width + tx * V + j] = acc[j][1];
+  }
   __syncthreads();
-  if (threadIdx.y != 0 || ch >= g.c) return;
+  const int t = ty * p.tile_x + tx;  // position t of the tile: channel blockIdx.x * width + t
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * width + t;
+  if (t >= width || ch >= g.c) return;
   float t0 = 0.0f, t1 = 0.0f;
-  for (int i = 0; i < kTileR; ++i) t0 += s0[i][threadIdx.x], t1 += s1[i][threadIdx.x];
+  for (int i = 0; i < p.tile_y; ++i) t0 += s0[i * width + t], t1 += s1[i * width + t];
   part[(2 * sp) * g.c + ch] = t0;
   part[(2 * sp + 1) * g.c + ch] = t1;
 }
 
-// Splits in order per channel; forward shifts the pivoted sums back (as on CPU).
-template <class T, bool kBwd>
-__global__ void combine(Geo g, const T* x, bool robust, int64_t splits, const float* part, bool w64,
+// Splits in order per channel; forward shifts the pivoted sums back (as on CPU), with the
+// pivots the sums kernel stored (null: no pivot, 0).
+template <bool kBwd>
+__global__ void combine(Geo g, const float* pivots, int64_t splits, const float* part, bool w64,
                         void* payload, double* local) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (ch >= g.c) return;
@@ -120,7 +179,7 @@ __global__ void combine(Geo g, const T* x, bool robust, int64_t splits, const fl
   }
   if (!kBwd) {
     const double m = static_cast<double>(g.outer * g.inner);
-    const double p = robust ? channel_pivot(g, x, ch) : 0.0f;
+    const double p = pivots ? pivots[ch] : 0.0f;
     const double d1 = t0, d2 = t1;
     t0 = p * m + d1;
     t1 = d2 + 2 * p * d1 + p * p * m;
@@ -140,6 +199,19 @@ __device__ __forceinline__ bool call_ok(const Header& hd, bool need_two, double*
   *n = 0;
   if (!hd.base) return true;
   return header_ok(hd, n) && (!need_two || *n > 1);
+}
+
+// call_ok for a whole block of an element kernel: one thread reads the header, the block
+// gets its verdict. Every thread must call it, before any divergence.
+__device__ __forceinline__ bool block_call_ok(const Header& hd, bool need_two, int* err) {
+  __shared__ int ok;
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    double n;
+    ok = call_ok(hd, need_two, &n) ? 1 : 0;
+    if (!ok) atomicExch(err, 1);
+  }
+  __syncthreads();
+  return ok != 0;
 }
 
 // consts: head[c], tail[c], scale[c], shift[c].
@@ -174,33 +246,112 @@ __global__ void fwd_consts(int64_t c, BnForwardStats f, const T* gamma, const T*
   }
 }
 
-// The element-wise kernels index with I: uint32_t when the tensor has fewer than 2^31
-// elements (i + the grid's stride, at most 2^21, then never wraps), so each element's channel
-// costs 32-bit divisions instead of 64-bit ones; else int64_t. Every element gets the same
-// float arithmetic either way.
-// The element-wise kernels (apply_fwd, apply_bwd) share this grid-stride walk: f(i, ch) for
-// every element i this thread owns, ch = its channel.
-template <class I, class F>
-__device__ __forceinline__ void for_each_element(const Geo& g, F&& f) {
-  const I total = static_cast<I>(g.outer * g.c * g.inner), inner = static_cast<I>(g.inner);
-  const I c = static_cast<I>(g.c);
-  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const I ch = (i / inner) % c;
-    f(i, ch);
+// The element operation of an apply, with its channel's constants in registers. kIn: how many
+// input tensors it reads (in0, then in1); kNeedTwo: a training forward also needs n > 1.
+// Forward, consts head[c], tail[c], scale[c], shift[c]: y = ((x - head) - tail) * scale + shift.
+struct ApplyFwd {
+  static constexpr int kIn = 1;  // x
+  static constexpr bool kNeedTwo = true;
+  float h, t, s, b;
+  __device__ __forceinline__ void load(const float* consts, int64_t c, int64_t ch) {
+    h = consts[ch], t = consts[c + ch], s = consts[2 * c + ch], b = consts[3 * c + ch];
+  }
+  __device__ __forceinline__ float operator()(float x, float) const {
+    return ((x - h) - t) * s + b;
+  }
+};
+// Backward, consts head[c], tail[c], k[c], c1[c], c2[c]: dx = k ((dy - c1) - xc c2), xc = (x -
+// head) - tail. Eval (kTrain false: mean and invstd are constants, c1 = c2 = 0): dx = k dy,
+// x is not read (as PyTorch's eval backward; the CPU path computes k ((dy - 0) - xc 0), the same
+// value for finite x).
+template <bool kTrain>
+struct ApplyBwd {
+  static constexpr int kIn = kTrain ? 2 : 1;  // dy (and x)
+  static constexpr bool kNeedTwo = false;
+  float h, t, k, c1, c2;
+  __device__ __forceinline__ void load(const float* consts, int64_t c, int64_t ch) {
+    h = consts[ch], t = consts[c + ch], k = consts[2 * c + ch];
+    c1 = consts[3 * c + ch], c2 = consts[4 * c + ch];
+  }
+  __device__ __forceinline__ float operator()(float dy, float x) const {
+    return kTrain ? k * ((dy - c1) - ((x - h) - t) * c2) : k * dy;
+  }
+};
+
+// out = op(in0, in1) over the planes walk: block (ch, sp), the channel's constants in registers.
+template <class T, int V, class Op>
+__global__ void __launch_bounds__(kBnThreads)
+    apply_planes(BnPlan p, Geo g, Header hd, const T* __restrict__ in0, const T* __restrict__ in1,
+                 T* __restrict__ out, const float* consts, int* err) {
+  if (!block_call_ok(hd, Op::kNeedTwo, err)) return;  // uniform: the whole block leaves
+  const int64_t ch = blockIdx.x;
+  Op op;
+  op.load(consts, g.c, ch);
+  BnWalk w = BnWalk::start(p, g.c, ch, blockIdx.y, threadIdx.x);
+  while (w.left > 0) {
+    Vec<T, V> u[K], v[K];
+    int64_t at[K];
+    bool on[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      on[k] = w.left > 0;
+      if (on[k]) {
+        at[k] = w.at;
+        u[k] = load_pack<T, V>(in0, w.at);
+        if (Op::kIn == 2) v[k] = load_pack<T, V>(in1, w.at);
+        w.next(p);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!on[k]) continue;
+      Vec<T, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        o.v[j] = from_f<T>(op(to_f(u[k].v[j]), Op::kIn == 2 ? to_f(v[k].v[j]) : 0.0f));
+      store_pack<T, V>(out, at[k], o);
+    }
   }
 }
 
-template <class T, class I>
-__global__ void apply_fwd(Geo g, Header hd, const T* __restrict__ x, T* __restrict__ y,
-                          const float* consts, int* err) {
-  double n;
-  if (!call_ok(hd, true, &n)) return mark_failed(err);
-  const I c = static_cast<I>(g.c);
-  for_each_element<I>(g, [&](I i, I ch) {
-    y[i] = from_f<T>(((to_f(x[i]) - consts[ch]) - consts[c + ch]) * consts[2 * c + ch] +
-                     consts[3 * c + ch]);
-  });
+// out = op(in0, in1) over the rows walk: thread (tx, ty) holds the constants of its V channels.
+template <class T, int V, class Op>
+__global__ void __launch_bounds__(kBnThreads)
+    apply_rows(BnPlan p, Geo g, Header hd, const T* __restrict__ in0, const T* __restrict__ in1,
+               T* __restrict__ out, const float* consts, int* err) {
+  if (!block_call_ok(hd, Op::kNeedTwo, err)) return;
+  const int64_t gi = static_cast<int64_t>(blockIdx.x) * p.tile_x + threadIdx.x, sp = blockIdx.y;
+  if (gi >= p.groups) return;  // no barrier below
+  Op op[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) op[j].load(consts, g.c, gi * V + j);
+  const int64_t r1 = min(g.outer, (sp + 1) * p.per), step = p.tile_y * p.groups;
+  int64_t r = sp * p.per + threadIdx.y, at0 = r * p.groups + gi;
+  while (r < r1) {
+    Vec<T, V> u[K], v[K];
+    int64_t at[K];
+    bool on[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      on[k] = r < r1;
+      if (on[k]) {
+        at[k] = at0;
+        u[k] = load_pack<T, V>(in0, at0);
+        if (Op::kIn == 2) v[k] = load_pack<T, V>(in1, at0);
+        at0 += step;
+        r += p.tile_y;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!on[k]) continue;
+      Vec<T, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        o.v[j] = from_f<T>(op[j](to_f(u[k].v[j]), Op::kIn == 2 ? to_f(v[k].v[j]) : 0.0f));
+      store_pack<T, V>(out, at[k], o);
+    }
+  }
 }
 
 // consts: head[c], tail[c], k[c], c1[c], c2[c].
@@ -224,19 +375,6 @@ __global__ void bwd_consts(int64_t c, Header hd, const T* gamma, const void* mea
   consts[4 * c + ch] = c2;
 }
 
-template <class T, class I>  // I: see apply_fwd
-__global__ void apply_bwd(Geo g, Header hd, const T* __restrict__ dy, const T* __restrict__ x,
-                          T* __restrict__ dx, const float* consts, int* err) {
-  double n;
-  if (!call_ok(hd, false, &n)) return mark_failed(err);
-  const I c = static_cast<I>(g.c);
-  for_each_element<I>(g, [&](I i, I ch) {
-    const float xc = (to_f(x[i]) - consts[ch]) - consts[c + ch];
-    dx[i] = from_f<T>(consts[2 * c + ch] *
-                      (to_f(dy[i]) - consts[3 * c + ch] - xc * consts[4 * c + ch]));
-  });
-}
-
 template <class T>
 __global__ void param_grads(int64_t c, Header hd, const double* local, const void* invstd, bool s64,
                             T* dgamma, T* dbeta, int* err) {
@@ -251,68 +389,96 @@ __global__ void param_grads(int64_t c, Header hd, const double* local, const voi
 
 // ---- launchers ----------------------------------------------------------------------------
 
-BnPlan plan(const BnArgs& a) { return plan_channels(a.outer, a.c, a.inner); }
-
 size_t up(size_t b) { return (b + 255) / 256 * 256; }
+size_t nonneg(int64_t v) { return static_cast<size_t>(std::max<int64_t>(v, 0)); }
 
-// Scratch: part floats [splits][2][c] | local doubles [2c] | consts floats [5c].
+// Scratch: part floats [max splits][2][c] | pivots floats [c] | local doubles [2c] |
+// consts floats [5c]. The splits' bound comes from the shape (plan.h: bn_max_splits), so the
+// size is known before the pointers (which may narrow the plan's vectors) are.
 struct Scratch {
   float* part;
+  float* pivots;
   double* local;
   float* consts;
 };
+size_t part_bytes(const BnArgs& a) {
+  return up(nonneg(bn_max_splits(a.outer, a.c, a.inner)) * 2 * nonneg(a.c) * sizeof(float));
+}
 Scratch carve(const BnArgs& a, void* s) {
   char* p = static_cast<char*>(s);
-  const size_t c = static_cast<size_t>(std::max<int64_t>(a.c, 0));
-  const size_t part = up(static_cast<size_t>(plan(a).splits) * 2 * c * sizeof(float));
-  return {reinterpret_cast<float*>(p), reinterpret_cast<double*>(p + part),
-          reinterpret_cast<float*>(p + part + up(2 * c * sizeof(double)))};
+  const size_t c = nonneg(a.c), part = part_bytes(a), piv = up(c * sizeof(float));
+  return {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + part),
+          reinterpret_cast<double*>(p + part + piv),
+          reinterpret_cast<float*>(p + part + piv + up(2 * c * sizeof(double)))};
 }
 
 cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
-Geo geo(const BnArgs& a) { return {a.outer, a.c, a.inner, a.channels_last, plan(a).has_values}; }
+Geo geo(const BnArgs& a) { return {a.outer, a.c, a.inner, a.channels_last}; }
 unsigned per_channel_blocks(int64_t c) { return static_cast<unsigned>((c + 255) / 256); }
-unsigned elementwise_blocks(const BnArgs& a) {
-  const int64_t total = a.outer * a.c * a.inner;
-  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((total + 255) / 256, 1), 8192));
+dim3 grid_of(const BnPlan& p) {
+  return dim3(static_cast<unsigned>(p.blocks_x), static_cast<unsigned>(p.splits));
 }
-// 32-bit element indices (see apply_fwd): below 2^31 elements (a grid of at most 8192 x 256
-// threads) and below 2^31 per-channel constants (the index 4c + ch of the backward's c2).
-bool index32(const BnArgs& a) {
-  constexpr int64_t kLimit = int64_t{1} << 31;
-  return a.outer * a.c * a.inner < kLimit && 5 * a.c < kLimit;
+dim3 block_of(const BnPlan& p) {
+  return p.rows ? dim3(static_cast<unsigned>(p.tile_x), static_cast<unsigned>(p.tile_y))
+                : dim3(kBnThreads);
+}
+
+// f(std::integral_constant<int, V>) for the plan's vector width; only widths of at most 16
+// bytes of D are instantiated (the plan never picks a wider one).
+template <class D, class F>
+void with_vec(int vec, F&& f) {
+  constexpr int kMax = static_cast<int>(16 / sizeof(D));
+  if constexpr (kMax >= 8)
+    if (vec == 8) return f(std::integral_constant<int, 8>{});
+  if constexpr (kMax >= 4)
+    if (vec == 4) return f(std::integral_constant<int, 4>{});
+  if (vec == 2) return f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 1>{});
 }
 
 template <class D, bool kBwd>
 void channel_sums(const BnArgs& a, const D* x, const D* dy, const void* mean, bool s64, bool robust,
                   bool w64, void* payload, void* scratch) {
   if (a.c <= 0) return;
-  const BnPlan p = plan(a);
+  const BnPlan p = plan_channels(a.outer, a.c, a.inner, sizeof(D), {x, dy});
   const Scratch s = carve(a, scratch);
   const Geo g = geo(a);
-  const Term<D, kBwd> t{x, dy};
   if (p.splits > 0) {  // 0 when this rank has no element: nothing may read x
-    if (p.wide)
-      launch("bn sums_wide", sums_wide<D, kBwd>,
-             dim3(static_cast<unsigned>(a.c), static_cast<unsigned>(p.splits)), dim3(kWide),
-             st(a.stream), g, t, mean, s64, robust, p.per, s.part);
-    else
-      launch(
-          "bn sums_narrow", sums_narrow<D, kBwd>,
-          dim3(static_cast<unsigned>((a.c + kTileC - 1) / kTileC), static_cast<unsigned>(p.splits)),
-          dim3(kTileC, kTileR), st(a.stream), g, t, mean, s64, robust, p.per, s.part);
+    with_vec<D>(p.vec, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      if (p.rows)
+        launch("bn sums_rows", sums_rows<D, V, kBwd>, grid_of(p), block_of(p), st(a.stream), p, g,
+               x, dy, mean, s64, robust, s.part, s.pivots);
+      else
+        launch("bn sums_planes", sums_planes<D, V, kBwd>, grid_of(p), block_of(p), st(a.stream), p,
+               g, x, dy, mean, s64, robust, s.part, s.pivots);
+    });
   }
-  launch("bn combine", combine<D, kBwd>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream), g,
-         x, robust, p.splits, static_cast<const float*>(s.part), w64, payload,
+  const float* pivots = !kBwd && robust && p.splits > 0 ? s.pivots : nullptr;
+  launch("bn combine", combine<kBwd>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream), g,
+         pivots, p.splits, static_cast<const float*>(s.part), w64, payload,
          kBwd ? s.local : nullptr);
+}
+
+// out = Op(in0, in1) element-wise in the walk the plan picks; nothing when there is no element.
+template <class Op, class D>
+void apply(const char* what, const BnArgs& a, const Header& hd, const D* in0, const D* in1, D* out,
+           const float* consts, int* err) {
+  const BnPlan p = plan_channels(a.outer, a.c, a.inner, sizeof(D), {in0, in1, out});
+  if (p.splits == 0) return;
+  with_vec<D>(p.vec, [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    launch(what, p.rows ? apply_rows<D, V, Op> : apply_planes<D, V, Op>, grid_of(p), block_of(p),
+           st(a.stream), p, geo(a), hd, in0, in1, out, consts, err);
+  });
 }
 
 }  // namespace
 
 size_t bn_scratch_bytes(const BnArgs& a) {
-  const size_t c = static_cast<size_t>(std::max<int64_t>(a.c, 0));
-  return up(static_cast<size_t>(plan(a).splits) * 2 * c * sizeof(float)) +
-         up(2 * c * sizeof(double)) + up(5 * c * sizeof(float));
+  const size_t c = nonneg(a.c);
+  return part_bytes(a) + up(c * sizeof(float)) + up(2 * c * sizeof(double)) +
+         up(5 * c * sizeof(float));
 }
 
 template <class T>
@@ -337,11 +503,9 @@ template <class T>
 void bn_apply_forward(const BnArgs& a, const Header& hd, const T* x, T* y, void* scratch,
                       int* err) {
   using D = typename Dev<T>::type;
-  if (a.outer * a.c * a.inner <= 0) return;
-  launch("bn apply_fwd", index32(a) ? apply_fwd<D, uint32_t> : apply_fwd<D, int64_t>,
-         dim3(elementwise_blocks(a)), dim3(256), st(a.stream), geo(a), hd,
-         reinterpret_cast<const D*>(x), reinterpret_cast<D*>(y),
-         static_cast<const float*>(carve(a, scratch).consts), err);
+  const D* none = nullptr;
+  apply<ApplyFwd>("bn apply_fwd", a, hd, reinterpret_cast<const D*>(x), none,
+                  reinterpret_cast<D*>(y), carve(a, scratch).consts, err);
 }
 
 template <class T>
@@ -361,12 +525,13 @@ void bn_apply_backward(const BnArgs& a, const Header& hd, const T* dy, const T* 
   const Scratch s = carve(a, scratch);
   launch("bn bwd_consts", bwd_consts<D>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream),
          a.c, hd, reinterpret_cast<const D*>(gamma), mean, invstd, s64, s.consts, err);
-  if (a.outer * a.inner > 0) {
-    launch("bn apply_bwd", index32(a) ? apply_bwd<D, uint32_t> : apply_bwd<D, int64_t>,
-           dim3(elementwise_blocks(a)), dim3(256), st(a.stream), geo(a), hd,
-           reinterpret_cast<const D*>(dy), reinterpret_cast<const D*>(x), reinterpret_cast<D*>(dx),
-           static_cast<const float*>(s.consts), err);
-  }
+  const D* g = reinterpret_cast<const D*>(dy);
+  if (hd.base)  // training: dx needs x and the summed sums
+    apply<ApplyBwd<true>>("bn apply_bwd", a, hd, g, reinterpret_cast<const D*>(x),
+                          reinterpret_cast<D*>(dx), s.consts, err);
+  else  // eval: dx = gamma * invstd * dy, x unread
+    apply<ApplyBwd<false>>("bn apply_bwd", a, hd, g, static_cast<const D*>(nullptr),
+                           reinterpret_cast<D*>(dx), s.consts, err);
   if (dgamma || dbeta) {
     launch("bn param_grads", param_grads<D>, dim3(per_channel_blocks(a.c)), dim3(256), st(a.stream),
            a.c, hd, static_cast<const double*>(s.local), invstd, s64, reinterpret_cast<D*>(dgamma),

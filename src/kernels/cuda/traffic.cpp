@@ -44,24 +44,39 @@ Traffic row_backward_traffic(const RowTrafficArgs& a) {
   return t;
 }
 
+// SyncBatchNorm: the plan of the sums kernel (x, and dy backward) and of the apply kernel,
+// pointers aligned (the accounting does not depend on the vector width, only the walk's name
+// and the splits do).
+BnPlan bn_plan(const BnTrafficArgs& a) {
+  return plan_channels(a.outer, a.c, a.inner, static_cast<size_t>(a.elem));
+}
+const char* bn_sums_name(const BnPlan& p) { return p.rows ? "bn sums_rows" : "bn sums_planes"; }
+
 Traffic bn_forward_traffic(const BnTrafficArgs& a) {
-  const BnPlan p = plan_channels(a.outer, a.c, a.inner);
+  const BnPlan p = bn_plan(a);
   const int64_t n = a.outer * a.c * a.inner * a.elem, part = p.splits * 2 * a.c * 4;
   const int64_t pay = 2 * a.c * a.wire, hdr = a.header * a.wire;
+  const int64_t params = ((a.gamma ? 1 : 0) + (a.beta ? 1 : 0)) * a.c * a.elem;
+  const int64_t consts = 4 * a.c * 4;  // head, tail, scale, shift (float)
   Traffic t;
+  if (!a.training) {  // eval with running statistics: no partial, no collective, no header
+    if (a.c <= 0) return t;
+    t.kernels.push_back(
+        {"bn fwd_consts", params + 2 * a.c * a.running, consts + 2 * a.c * a.saved});
+    if (n > 0) t.kernels.push_back({"bn apply_fwd", n + consts, n});
+    return t;
+  }
   if (a.c <= 0) {  // nothing but the header
     t.kernels.push_back({"call header", 0, hdr});
     return t;
   }
-  if (p.splits > 0) t.kernels.push_back({p.wide ? "bn sums_wide" : "bn sums_narrow", n, part});
-  // The pivot: the channel's first min(32, span) values (common/pivot.h: channel_pivot).
-  const int64_t span = a.channels_last ? a.outer * a.inner : a.inner;
-  const int64_t pivot = a.robust && p.has_values ? a.c * (span < 32 ? span : 32) * a.elem : 0;
-  t.kernels.push_back({"bn combine", part + pivot, pay});
+  // The robust pivot (the channel's first values, re-read by the sums kernel: nothing extra)
+  // is stored by split 0 as one float per channel, which combine reads.
+  const int64_t pivots = a.robust && p.has_values ? a.c * 4 : 0;
+  if (p.splits > 0) t.kernels.push_back({bn_sums_name(p), n, part + pivots});
+  t.kernels.push_back({"bn combine", part + pivots, pay});
   t.kernels.push_back({"call header", 0, hdr});
-  const int64_t params = ((a.gamma ? 1 : 0) + (a.beta ? 1 : 0)) * a.c * a.elem;
   const int64_t run = a.update_running ? 2 * a.c * a.running : 0;
-  const int64_t consts = 4 * a.c * 4;  // head, tail, scale, shift (float)
   t.kernels.push_back(
       {"bn fwd_consts", hdr + pay + params + run, consts + 2 * a.c * a.saved + run});
   if (n > 0) t.kernels.push_back({"bn apply_fwd", n + consts + hdr, n});
@@ -69,24 +84,27 @@ Traffic bn_forward_traffic(const BnTrafficArgs& a) {
 }
 
 Traffic bn_backward_traffic(const BnTrafficArgs& a) {
-  const BnPlan p = plan_channels(a.outer, a.c, a.inner);
+  const BnPlan p = bn_plan(a);
   const int64_t n = a.outer * a.c * a.inner * a.elem, part = p.splits * 2 * a.c * 4;
-  const int64_t pay = 2 * a.c * a.wire, hdr = a.header * a.wire, stat = a.c * a.saved;
+  const int64_t pay = 2 * a.c * a.wire, hdr = a.training ? a.header * a.wire : 0;
+  const int64_t stat = a.c * a.saved, grads = (a.dgamma ? 1 : 0) + (a.dbeta ? 1 : 0);
   Traffic t;
-  if (a.c <= 0) {  // nothing but the header
-    t.kernels.push_back({"call header", 0, hdr});
+  if (a.c <= 0) {  // nothing but the header (training)
+    if (a.training) t.kernels.push_back({"call header", 0, hdr});
     return t;
   }
-  if (p.splits > 0)
-    t.kernels.push_back({p.wide ? "bn sums_wide" : "bn sums_narrow", 2 * n + stat, part});
+  // Eval without parameter gradients has no partial pass at all.
+  const bool sums = a.training || grads > 0;
   const int64_t local = 2 * a.c * 8;  // the local sums kept in float64 for dgamma / dbeta
-  t.kernels.push_back({"bn combine", part, pay + local});
-  t.kernels.push_back({"call header", 0, hdr});
+  if (sums && p.splits > 0) t.kernels.push_back({bn_sums_name(p), 2 * n + stat, part});
+  if (sums) t.kernels.push_back({"bn combine", part, (a.training ? pay : 0) + local});
+  if (a.training) t.kernels.push_back({"call header", 0, hdr});
   const int64_t consts = 5 * a.c * 4;  // head, tail, k, c1, c2 (float)
-  t.kernels.push_back(
-      {"bn bwd_consts", hdr + pay + (a.gamma ? a.c * a.elem : 0) + 2 * stat, consts});
-  if (n > 0) t.kernels.push_back({"bn apply_bwd", 2 * n + consts + hdr, n});
-  const int64_t grads = (a.dgamma ? 1 : 0) + (a.dbeta ? 1 : 0);
+  t.kernels.push_back({"bn bwd_consts",
+                       (a.training ? hdr + pay : 0) + (a.gamma ? a.c * a.elem : 0) + 2 * stat,
+                       consts});
+  // training: dy and x; eval: dy alone (dx = gamma * invstd * dy)
+  if (n > 0) t.kernels.push_back({"bn apply_bwd", (a.training ? 2 : 1) * n + consts + hdr, n});
   if (grads > 0)  // one float64 local sum per gradient and channel; invstd for dgamma
     t.kernels.push_back(
         {"bn param_grads", hdr + grads * a.c * 8 + (a.dgamma ? stat : 0), grads * a.c * a.elem});

@@ -5,8 +5,10 @@
 // the concatenated batch in float64, element by element, with the CPU test's tolerances
 // (r = fp32 1e-5, fp16 1e-3, bf16 8e-3): y r + r; save_mean 1e-6 + 1e-6; save_invstd 1e-5
 // rel; running stats 1e-6 + 1e-5; dx r*max(1, invstd) + 10r; dgamma, dbeta summed over ranks
-// r*count + r. Shapes cover both stage-1 kernels (inner >= 32 and narrow / channels-last),
-// uneven and empty batches. The eval step makes no collective. Skipped without a GPU.
+// r*count + r. Shapes cover both walks of the kernels (planes: NCHW; rows: channels-last and
+// [N, C]) with every vector width, C not a multiple of 8, several splits per channel, uneven
+// and empty batches. The eval step makes no collective, and its backward is also run without
+// dgamma / dbeta (no partial pass). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -115,6 +117,11 @@ TEST_P(GpuBatchNorm, MatchesConcatenatedBatchReference) {
                             opt);
     sync_batch_norm_backward(*comm, dyl.view(xs), xl.view(xs), g.view(csh), smean.view(csh),
                              sinv.view(csh), dx.view(xs), dg.view(csh), db.view(csh), opt);
+    // Eval without parameter gradients skips the partial pass: dx from dy alone.
+    DevBuf dx2(Buffer(dt, nb * per), false, dev);
+    if (eval)
+      sync_batch_norm_backward(*comm, dyl.view(xs), xl.view(xs), g.view(csh), smean.view(csh),
+                               sinv.view(csh), dx2.view(xs), {}, {}, opt);
     EXPECT_NO_THROW(cuda_check_errors(*comm));
     if (eval && comm->counters().calls != 0) {
       ADD_FAILURE() << "eval made " << comm->counters().calls << " collectives";
@@ -135,6 +142,9 @@ TEST_P(GpuBatchNorm, MatchesConcatenatedBatchReference) {
     const double is_max = *std::max_element(invstd.begin(), invstd.end());
     wrong += count_wrong("y", y.floats(), want(ref.y), rt, rt);
     wrong += count_wrong("dx", dx.floats(), want(ref.dx), rt * std::max(1.0, is_max), 10 * rt);
+    if (eval)
+      wrong += count_wrong("dx (eval, no dgamma / dbeta)", dx2.floats(), want(ref.dx),
+                           rt * std::max(1.0, is_max), 10 * rt);
     wrong += count_wrong("save_mean", smean.floats(), ref.mean, 1e-6, 1e-6);
     wrong += count_wrong("save_invstd", sinv.floats(), invstd, 0, 1e-5);
     wrong += count_wrong("dgamma summed", sum_vec(dg.floats()), ref.dgamma, rt * count, rt);
@@ -156,7 +166,13 @@ const Case kCases[] = {
     {"c4_40_uneven", 4, {40}, {2, 1, 0, 3}},     // wide kernel (inner 40)
     {"c70_3", 70, {3}, {2, 2, 1, 2}},            // several 32-channel tiles
     {"c5_nospatial", 5, {}, {7, 0, 4, 2}},       // [N, C]
-    {"c6_130_many", 6, {130}, {17, 9, 11, 1}},   // many splits of the wide kernel
+    {"c6_130_many", 6, {130}, {17, 9, 11, 1}},   // many samples, vectors of 2 (inner 130)
+    // The kernels' walks (kernels/cuda/plan.h) at odd shapes: C not a multiple of 8, spatial
+    // sizes that allow no vector, 16-byte vectors, and several splits per channel combined.
+    {"c12_7x7", 12, {7, 7}, {3, 0, 2, 4}},           // inner 49: scalar planes; rows: vec 4
+    {"c20_6x6", 20, {6, 6}, {2, 3, 1, 0}},           // inner 36: vec 4; rows: vec 4 of 20
+    {"c64_16x16", 64, {16, 16}, {4, 3, 0, 2}},       // 16-byte vectors; 8 splits of 1024 rows
+    {"c3_56x56_splits", 3, {56, 56}, {8, 5, 0, 7}},  // ~10 splits per channel combined
 };
 
 // A zero-size spatial dim ([n, 8, 0, 5], x and y null) on device: nothing may read x (an
@@ -225,7 +241,8 @@ INSTANTIATE_TEST_SUITE_P(Staged, GpuBatchNorm,
                                             ::testing::Values(false)),
                          name);
 INSTANTIATE_TEST_SUITE_P(Half, GpuBatchNorm,
-                         ::testing::Combine(::testing::Values(kCases[0], kCases[1]),
+                         ::testing::Combine(::testing::Values(kCases[0], kCases[1], kCases[5],
+                                                              kCases[6], kCases[7], kCases[8]),
                                             ::testing::Values(Layout::kNCHW, Layout::kChannelsLast),
                                             ::testing::Values(DType::F16, DType::BF16),
                                             ::testing::Values(false)),
