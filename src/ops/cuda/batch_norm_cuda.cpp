@@ -81,6 +81,9 @@ void bn_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const B
   DeviceGuard guard(dev.device_index());
   const kcu::BnArgs k = bn_args(b.a, dev.stream());
   const bool training = b.opt.training;
+  // Eval needs this rank's sums only for dgamma / dbeta: without them, no partial pass (dx =
+  // gamma * invstd * dy reads dy alone).
+  if (!training && !b.dgamma.present() && !b.dbeta.present()) return;
   void* pay = training ? call.payload_data() : nullptr;  // eval: zero global sums
   void* s = scratch(call, dev, b.a, training);
   dispatch_storage(b.x.dtype, [&](auto t) {
