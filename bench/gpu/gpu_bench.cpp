@@ -14,7 +14,9 @@
 //             communicator; call/sum = ms / (local_ms + ar_ms) (the issue's <= 1.15 target)
 //
 // Shapes: the row norms at 4096x1024, 16384x1024, 16384x1536, 16384x8192 (or only ROWSxHIDDEN
-// when given), SyncBatchNorm training at 32x64x56x56, NCHW and channels-last; fp32 and bf16.
+// when given), SyncBatchNorm at 32x64x56x56, NCHW and channels-last, training (forward,
+// backward) and eval with running statistics (eval-fwd, and eval-bwd without dgamma / dbeta:
+// 2 N s each, no collective, so ar_ms and call/sum say nothing there); fp32 and bf16.
 // Calls run in the steady state (set_strict_calls(0): no host check); median of `iters`
 // timed calls after 3 warm-up calls, CUDA events on the communicator's stream.
 //
@@ -268,6 +270,22 @@ int main(int argc, char** argv) {
       add({name, "backward", shape, 3 * ns, pay, bn_backward_traffic(t), [=](Communicator& c) {
              sync_batch_norm_backward(c, v(dy, bs), v(x, bs), v(g, sc), f(mean, bn_c),
                                       f(rstd, bn_c), v(dx, bs), v(dg, sc), v(db, sc), o);
+           }});
+      // Eval with running statistics: no collective; the backward without dgamma / dbeta has
+      // no partial pass. Both move 2 N s.
+      BnTrafficArgs te = t;
+      te.training = false;
+      te.dgamma = te.dbeta = false;
+      BatchNormOptions oe = o;
+      oe.training = false;
+      add({name, "eval-fwd", shape, 2 * ns, 0, bn_forward_traffic(te),
+           [=, &tracked](Communicator& c) {
+             sync_batch_norm_forward(c, v(x, bs), v(g, sc), v(b, sc), f(rmean, bn_c), f(rvar, bn_c),
+                                     &tracked, v(y, bs), f(mean, bn_c), f(rstd, bn_c), oe);
+           }});
+      add({name, "eval-bwd", shape, 2 * ns, 0, bn_backward_traffic(te), [=](Communicator& c) {
+             sync_batch_norm_backward(c, v(dy, bs), v(x, bs), v(g, sc), f(mean, bn_c),
+                                      f(rstd, bn_c), v(dx, bs), {}, {}, oe);
            }});
     }
     for (const Case* c : now) {

@@ -14,9 +14,9 @@
 // communicator's own, not a kernel of tpnorm). It is a model worked from the kernels' code,
 // not a measurement: caches may serve a re-read, which still counts here.
 //
-// Covered: the row norms (LayerNorm / RMSNorm) and SyncBatchNorm (training and eval), forward and
-// backward, of a call that succeeds. Not covered: the fused residual add, GroupNorm, batched
-// norms.
+// Covered, forward and backward, of a call that succeeds: the row norms (LayerNorm / RMSNorm),
+// SyncBatchNorm (training and eval), the fused residual add + row norm, batched row norms,
+// GroupNorm / InstanceNorm.
 #pragma once
 
 #include <cstdint>
@@ -81,5 +81,41 @@ struct BnTrafficArgs {
 /// parameter gradients (4 N s with), plus per-channel terms.
 Traffic bn_forward_traffic(const BnTrafficArgs& a);
 Traffic bn_backward_traffic(const BnTrafficArgs& a);
+
+// ---- composite calls: the fused residual add, batched row norms, GroupNorm ------------------
+
+/// The fused residual add + row norm (tpnorm/fused.h) of `norm`'s shape: forward "residual add"
+/// (x and f read, h written) then the row norm's forward on h; backward the row norm's
+/// backward (its dx written into df) then "residual epilogue" (df, and dh_extra when given,
+/// read; df and dx written).
+Traffic fused_forward_traffic(const RowTrafficArgs& norm);
+Traffic fused_backward_traffic(const RowTrafficArgs& norm, bool dh_extra);
+
+/// A batched row norm call (tpnorm/batched.h) of `items` (one RowTrafficArgs each, sharing
+/// wire and header): "write values" (the K column counts at the head of the payload), every
+/// item's partial kernels in order, ONE call header, then every item's apply kernels in order
+/// (each reads the header and its own count slot: as many values as a single call's header).
+Traffic batched_forward_traffic(const std::vector<RowTrafficArgs>& items);
+Traffic batched_backward_traffic(const std::vector<RowTrafficArgs>& items);
+
+/// GroupNorm / InstanceNorm (tpnorm/group_norm.h) on this rank's [n, c_local, spatial], its
+/// channels [c0, c0 + c_local) of groups of cpg channels. Per (sample, group) slot: the payload
+/// holds all n * groups slots; the element kernels read the constants of the slots this rank's
+/// channels touch only.
+struct GroupTrafficArgs {
+  int64_t n = 0, c_local = 0, spatial = 0, c0 = 0, groups = 1, cpg = 1;
+  int64_t elem = 4, wire = 8, saved = 4, header = 10;
+  bool gamma = true, beta = true;
+  bool save_mean = true, save_rstd = true;  ///< forward: which saved statistics are written
+  bool dgamma = true, dbeta = true;
+};
+
+/// The kernels of a successful GroupNorm forward / backward call and their bytes: the row
+/// kernels' partials over the (sample, channel) planes, the fold into (sample, group) slots,
+/// the header, then slot constants and the element-wise applies. x is read by the partial and
+/// again by the apply (forward 3 N s), dy and x likewise backward (5 N s), plus per-plane and
+/// per-slot terms.
+Traffic group_forward_traffic(const GroupTrafficArgs& a);
+Traffic group_backward_traffic(const GroupTrafficArgs& a);
 
 }  // namespace tpnorm

@@ -172,4 +172,139 @@ TEST(GpuTraffic, EmptyShapesLaunchOnlyTheHeader) {
   }
 }
 
+// ---- composite calls: the kernels they add, worked by hand; the row kernels they reuse must
+// be exactly the row accounting's (whatever it says), in the right place.
+
+void expect_same(const std::vector<KernelBytes>& got, size_t from,
+                 const std::vector<KernelBytes>& want) {
+  ASSERT_GE(got.size(), from + want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(std::string(got[from + i].kernel), want[i].kernel) << "kernel " << from + i;
+    EXPECT_EQ(got[from + i].read, want[i].read) << want[i].kernel;
+    EXPECT_EQ(got[from + i].written, want[i].written) << want[i].kernel;
+  }
+}
+
+TEST(GpuTraffic, FusedResidualAddsOnePassEachWay) {
+  // 4 x 1024 fp32: N s = 16384. Forward: residual add reads x and f, writes h (3 N s more).
+  RowTrafficArgs a;
+  a.rows = 4;
+  a.h = 1024;
+  const Traffic f = fused_forward_traffic(a), row = row_forward_traffic(a);
+  ASSERT_EQ(f.kernels.size(), row.kernels.size() + 1);
+  EXPECT_EQ(std::string(f.kernels[0].kernel), "residual add");
+  EXPECT_EQ(f.kernels[0].read, 2 * 16384);
+  EXPECT_EQ(f.kernels[0].written, 16384);
+  expect_same(f.kernels, 1, row.kernels);
+  EXPECT_EQ(f.total(), row.total() + 3 * 16384);
+  // 16 x 100 bf16 backward (N s = 3200): the epilogue reads df (+ dh_extra), writes df and dx.
+  a.rows = 16;
+  a.h = 100;
+  a.elem = 2;
+  const Traffic rb = row_backward_traffic(a);
+  for (bool extra : {true, false}) {
+    const Traffic b = fused_backward_traffic(a, extra);
+    ASSERT_EQ(b.kernels.size(), rb.kernels.size() + 1);
+    expect_same(b.kernels, 0, rb.kernels);
+    EXPECT_EQ(std::string(b.kernels.back().kernel), "residual epilogue");
+    EXPECT_EQ(b.kernels.back().read, extra ? 6400 : 3200);
+    EXPECT_EQ(b.kernels.back().written, 6400);
+  }
+  a.rows = 0;  // nothing to add
+  EXPECT_EQ(fused_forward_traffic(a).total(), row_forward_traffic(a).total());
+}
+
+TEST(GpuTraffic, BatchedSharesOneHeaderAndWritesTheCounts) {
+  // Two items, float64 wire: "write values" writes K = 2 counts (16 B), every partial, ONE
+  // header (80 B), every apply: the single calls' sum less one header plus the counts.
+  RowTrafficArgs a, b;
+  a.rows = 2;
+  a.h = 8;
+  b.rows = 3;
+  b.h = 16;
+  b.elem = 2;
+  b.centered = false;
+  b.beta = false;
+  for (bool forward : {true, false}) {
+    const auto row = forward ? row_forward_traffic : row_backward_traffic;
+    const Traffic t = forward ? batched_forward_traffic({a, b}) : batched_backward_traffic({a, b});
+    const Traffic ta = row(a), tb = row(b);
+    ASSERT_EQ(t.kernels.size(), ta.kernels.size() + tb.kernels.size());  // 2 headers -> 1 + counts
+    EXPECT_EQ(std::string(t.kernels[0].kernel), "write values");
+    EXPECT_EQ(t.kernels[0].written, 16);
+    EXPECT_EQ(t.total(), ta.total() + tb.total() - 80 + 16);
+    // partials of a then b, one header, applies of a then b (each row list: partials,
+    // "call header", applies)
+    std::vector<KernelBytes> want;
+    for (bool after : {false, true}) {
+      for (const Traffic* r : {&ta, &tb}) {
+        bool seen = false;
+        for (const KernelBytes& k : r->kernels) {
+          if (std::string(k.kernel) == "call header") {
+            seen = true;
+          } else if (seen == after) {
+            want.push_back(k);
+          }
+        }
+      }
+      if (!after) want.push_back({"call header", 0, 80});
+    }
+    expect_same(t.kernels, 1, want);
+  }
+  EXPECT_TRUE(batched_forward_traffic({}).kernels.empty());
+}
+
+// n = 2, 3 local channels of 8 (c0 = 2), groups of cpg = 2 (4 groups), spatial 10: local
+// channels 2, 3, 4 touch groups 1 and 2 -> 4 of the 8 (sample, group) slots; 6 planes.
+GroupTrafficArgs group_case(int64_t elem) {
+  GroupTrafficArgs g;
+  g.n = 2;
+  g.c_local = 3;
+  g.spatial = 10;
+  g.c0 = 2;
+  g.groups = 4;
+  g.cpg = 2;
+  g.elem = elem;
+  return g;
+}
+RowTrafficArgs planes_of(const GroupTrafficArgs& g) {
+  RowTrafficArgs r;
+  r.rows = 6;
+  r.h = 10;
+  r.elem = g.elem;
+  r.gamma = r.beta = r.dgamma = r.dbeta = false;
+  return r;
+}
+
+TEST(GpuTraffic, GroupNormForwardFp32) {
+  // x 240 B; plane sums 6 x 2 x 8 = 96; payload 8 slots x 2 x 8 = 128; slot constants 8 x 16;
+  // saved mean, rstd 8 x 4 each; gamma, beta 3 x 4 each; the apply reads 4 slots' constants.
+  const GroupTrafficArgs g = group_case(4);
+  const Traffic t = group_forward_traffic(g);
+  const Traffic rows = row_forward_traffic(planes_of(g));
+  expect_same(t.kernels, 0, {rows.kernels[0]});  // row partial_fwd over the planes
+  EXPECT_EQ(rows.kernels[0].written, 96);
+  expect_kernels(Traffic{std::vector<KernelBytes>(t.kernels.begin() + 1, t.kernels.end())},
+                 {{"group fold", 96, 128},
+                  {"call header", 0, 80},
+                  {"group slot_stats", 80 + 128, 128 + 64},
+                  {"group apply_fwd", 240 + 24 + 64 + 80, 240}});
+}
+
+TEST(GpuTraffic, GroupNormBackwardBf16) {
+  // dy, x, dx 120 B each; saved mean, rstd 4 B a slot (4 slots read), 4 B a plane expanded;
+  // gamma 3 x 2; plane sums 96; payload 128; dparams 2 x 3 x 8 = 48.
+  const GroupTrafficArgs g = group_case(2);
+  const Traffic t = group_backward_traffic(g);
+  const Traffic rows = row_backward_traffic(planes_of(g));
+  expect_kernels(Traffic{{t.kernels[0]}}, {{"group expand", 32, 48}});
+  expect_same(t.kernels, 1, {rows.kernels[0]});  // row partial_bwd over the planes
+  expect_kernels(Traffic{std::vector<KernelBytes>(t.kernels.begin() + 2, t.kernels.end())},
+                 {{"group fold", 96 + 6, 128},
+                  {"group channel_sums", 96, 48},
+                  {"call header", 0, 80},
+                  {"group apply_bwd", 240 + 6 + 4 * (4 + 8) * 2 + 80, 120},
+                  {"group param_grads", 80 + 48, 12}});
+}
+
 }  // namespace

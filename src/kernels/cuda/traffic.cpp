@@ -1,5 +1,8 @@
 // traffic.cpp — tpnorm/cuda_traffic.h: the byte accounting of the CUDA kernels, from the same
 // launch plans (plan.h) the launchers use. Compiled only with the CUDA backend.
+#include <string>
+#include <vector>
+
 #include "kernels/cuda/plan.h"
 #include "tpnorm/cuda_traffic.h"
 
@@ -108,6 +111,124 @@ Traffic bn_backward_traffic(const BnTrafficArgs& a) {
   if (grads > 0)  // one float64 local sum per gradient and channel; invstd for dgamma
     t.kernels.push_back(
         {"bn param_grads", hdr + grads * a.c * 8 + (a.dgamma ? stat : 0), grads * a.c * a.elem});
+  return t;
+}
+
+// ---- composite calls ----------------------------------------------------------------------
+
+namespace {
+
+// A call's kernels before / after its "call header" entry (the partial side / the apply side).
+std::vector<KernelBytes> split_at_header(const Traffic& t, bool after) {
+  std::vector<KernelBytes> out;
+  bool seen = false;
+  for (const KernelBytes& k : t.kernels) {
+    if (std::string(k.kernel) == "call header") {
+      seen = true;
+      continue;
+    }
+    if (seen == after) out.push_back(k);
+  }
+  return out;
+}
+void append(Traffic& t, const std::vector<KernelBytes>& ks) {
+  t.kernels.insert(t.kernels.end(), ks.begin(), ks.end());
+}
+
+template <class RowFn>
+Traffic batched(const std::vector<RowTrafficArgs>& items, RowFn row) {
+  Traffic t;
+  if (items.empty()) return t;
+  const int64_t k = static_cast<int64_t>(items.size()), wire = items[0].wire;
+  t.kernels.push_back({"write values", 0, k * wire});  // the K column counts
+  std::vector<Traffic> each;
+  for (const RowTrafficArgs& a : items) each.push_back(row(a));
+  for (const Traffic& e : each) append(t, split_at_header(e, false));
+  t.kernels.push_back({"call header", 0, items[0].header * wire});
+  for (const Traffic& e : each) append(t, split_at_header(e, true));
+  return t;
+}
+
+// Slots (sample, group) whose constants this rank's channels read: n x the groups that
+// [c0, c0 + c_local) touches.
+int64_t touched_slots(const GroupTrafficArgs& a) {
+  if (a.c_local <= 0 || a.n <= 0) return 0;
+  return a.n * ((a.c0 + a.c_local - 1) / a.cpg - a.c0 / a.cpg + 1);
+}
+
+// The row kernels' view of the planes (group_norm.cu: plane_rows), centred, without params.
+RowTrafficArgs plane_rows(const GroupTrafficArgs& a) {
+  RowTrafficArgs r;
+  r.rows = a.n * a.c_local;
+  r.h = a.spatial;
+  r.elem = a.elem;
+  r.wire = a.wire;
+  r.saved = a.saved;
+  r.header = a.header;
+  r.gamma = r.beta = r.dgamma = r.dbeta = false;
+  return r;
+}
+
+}  // namespace
+
+Traffic fused_forward_traffic(const RowTrafficArgs& norm) {
+  const int64_t n = norm.rows * norm.h * norm.elem;
+  Traffic t;
+  if (n > 0) t.kernels.push_back({"residual add", 2 * n, n});
+  append(t, row_forward_traffic(norm).kernels);
+  return t;
+}
+
+Traffic fused_backward_traffic(const RowTrafficArgs& norm, bool dh_extra) {
+  const int64_t n = norm.rows * norm.h * norm.elem;
+  Traffic t = row_backward_traffic(norm);
+  if (n > 0) t.kernels.push_back({"residual epilogue", (dh_extra ? 2 : 1) * n, 2 * n});
+  return t;
+}
+
+Traffic batched_forward_traffic(const std::vector<RowTrafficArgs>& items) {
+  return batched(items, row_forward_traffic);
+}
+Traffic batched_backward_traffic(const std::vector<RowTrafficArgs>& items) {
+  return batched(items, row_backward_traffic);
+}
+
+Traffic group_forward_traffic(const GroupTrafficArgs& a) {
+  const int64_t n = a.n * a.c_local * a.spatial * a.elem, planes = a.n * a.c_local;
+  const int64_t slots = a.n * a.groups, touched = touched_slots(a);
+  const int64_t pay = 2 * slots * a.wire, hdr = a.header * a.wire;
+  Traffic t;
+  append(t, split_at_header(row_forward_traffic(plane_rows(a)), false));  // plane sums
+  if (slots > 0) t.kernels.push_back({"group fold", planes * 2 * a.wire, pay});
+  t.kernels.push_back({"call header", 0, hdr});
+  const int64_t consts = 2 * 8;  // mean, rstd (double) per slot
+  const int64_t saved = ((a.save_mean ? 1 : 0) + (a.save_rstd ? 1 : 0)) * slots * a.saved;
+  if (slots > 0) t.kernels.push_back({"group slot_stats", hdr + pay, slots * consts + saved});
+  const int64_t params = ((a.gamma ? 1 : 0) + (a.beta ? 1 : 0)) * a.c_local * a.elem;
+  if (n > 0) t.kernels.push_back({"group apply_fwd", n + params + touched * consts + hdr, n});
+  return t;
+}
+
+Traffic group_backward_traffic(const GroupTrafficArgs& a) {
+  const int64_t n = a.n * a.c_local * a.spatial * a.elem, planes = a.n * a.c_local;
+  const int64_t slots = a.n * a.groups, touched = touched_slots(a);
+  const int64_t pay = 2 * slots * a.wire, hdr = a.header * a.wire;
+  const int64_t gamma = a.gamma ? a.c_local * a.elem : 0, rows = planes * 2 * a.wire;
+  Traffic t;
+  // each plane's group mean / rstd, which the row backward partial takes per row
+  if (planes > 0)
+    t.kernels.push_back({"group expand", 2 * touched * a.saved, 2 * planes * a.saved});
+  append(t, split_at_header(row_backward_traffic(plane_rows(a)), false));  // plane sums
+  if (slots > 0) t.kernels.push_back({"group fold", rows + gamma, pay});
+  if (a.c_local > 0) t.kernels.push_back({"group channel_sums", rows, 2 * a.c_local * 8});
+  t.kernels.push_back({"call header", 0, hdr});
+  if (n > 0)
+    t.kernels.push_back(
+        {"group apply_bwd", 2 * n + gamma + 2 * touched * (a.saved + a.wire) + hdr, n});
+  const int64_t grads = (a.dgamma ? 1 : 0) + (a.dbeta ? 1 : 0);
+  if (grads > 0 && a.c_local > 0)
+    t.kernels.push_back(
+        {"group param_grads", hdr + grads * a.c_local * 8, grads * a.c_local * a.elem});
   return t;
 }
 
