@@ -42,7 +42,7 @@ struct ForwardStages {
   }
 #ifdef TPNORM_WITH_CUDA
   static size_t scratch_device(const Args&) { return 0; }
-  static void partial_device(DeviceCommunicator& dev, const Args& a, bool w64, void* s,
+  static void partial_device(DeviceCommunicator& dev, const Args& a, bool w64, void* s, void*,
                              const NormOptions& opt) {
     row_forward_partial_at(dev, a, opt.stats, w64, s);
   }
@@ -71,8 +71,8 @@ struct BackwardStages {
 #ifdef TPNORM_WITH_CUDA
   static size_t scratch_device(const Args& a) { return row_backward_scratch_at(a); }
   static void partial_device(DeviceCommunicator& dev, const Args& a, bool w64, void* s,
-                             const NormOptions&) {
-    row_backward_partial_at(dev, a, w64, s);
+                             void* scratch, const NormOptions&) {
+    row_backward_partial_at(dev, a, w64, s, scratch);
   }
   static void apply_device(DeviceCommunicator& dev, const Args& a, const kernels::cuda::Header& hd,
                            void* scratch, const NormOptions&) {
@@ -158,7 +158,8 @@ class BatchedOp final : public OpSpec {
 
 #ifdef TPNORM_WITH_CUDA
   // On device: the same payload; each item's apply kernels read its own count slot and
-  // statistics slice (Header::count_at / payload_at) and its own slice of the scratch.
+  // statistics slice (Header::count_at / payload_at); its partial and apply kernels share
+  // its own slice of the scratch.
   bool has_device_kernels() const override { return true; }
   void partial_device(PackedCall& call, DeviceCommunicator& dev) override {
     const bool w64 = call.wire() == DType::F64;
@@ -169,8 +170,10 @@ class BatchedOp final : public OpSpec {
       kernels::cuda::write_values(call.payload_data(), w64, cols.data(),
                                   static_cast<int64_t>(cols.size()), dev.stream());
     }
+    char* scratch = static_cast<char*>(call.scratch());
     for (size_t i = 0; i < args_.size(); ++i)
-      Stages::partial_device(dev, args_[i], w64, at(call, offsets_[i]), opt_);
+      Stages::partial_device(dev, args_[i], w64, at(call, offsets_[i]),
+                             scratch ? scratch + scratch_at_[i] : nullptr, opt_);
   }
   void apply_device(PackedCall& call, DeviceCommunicator& dev) override {
     const kernels::cuda::Header whole = device_header(call, dev);

@@ -1,7 +1,8 @@
 // Host tests (no GPU needed) of the launch plans of the CUDA kernels (kernels/cuda/plan.h):
 // the row kernels' vector width for uneven tensor-parallel widths (gcd(16 / sizeof(T), h),
-// halved for misaligned pointers), their geometry, and SyncBatchNorm's split plan, which must
-// launch nothing that reads x when the tensor has no element (a zero-size spatial dim).
+// halved for misaligned pointers), their geometry (loads per thread, chunks, grid, the
+// backward's column-sum blocks), and SyncBatchNorm's split plan, which must launch nothing
+// that reads x when the tensor has no element (a zero-size spatial dim).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -58,10 +59,10 @@ TEST(GpuPlanRows, EveryRowStartIsAlignedToTheChosenWidth) {
 }
 
 TEST(GpuPlanRows, WarpPerRowUpTo1024ThenBlockPerRow) {
-  RowPlan p = plan_rows(5, 1024, 4, {g_mem});
+  RowPlan p = plan_rows(9, 1024, 4, {g_mem});
   EXPECT_EQ(p.tpr, 32);
-  EXPECT_EQ(p.threads, 128);
-  EXPECT_EQ(p.blocks, 2);  // 4 rows per block
+  EXPECT_EQ(p.threads, 256);
+  EXPECT_EQ(p.blocks, 2);  // 8 rows per block
   p = plan_rows(4097, 1025, 2, {g_mem});
   EXPECT_EQ(p.tpr, 256);
   EXPECT_EQ(p.threads, 256);
@@ -69,23 +70,89 @@ TEST(GpuPlanRows, WarpPerRowUpTo1024ThenBlockPerRow) {
   EXPECT_EQ(plan_rows(0, 64, 4, {g_mem}).blocks, 0);
   // Past 2^31 elements (2^21 + 1 rows of 1024): 64-bit rows, a grid well inside the limit.
   p = plan_rows((int64_t{1} << 21) + 1, 1024, 2, {g_mem});
-  EXPECT_EQ(p.blocks, (int64_t{1} << 19) + 1);
+  EXPECT_EQ(p.blocks, (int64_t{1} << 18) + 1);
   EXPECT_THROW(plan_rows(int64_t{1} << 40, 1, 4, {g_mem}), std::length_error);
+  // In-row offsets are 32-bit: wider rows are refused, not wrapped.
+  EXPECT_NO_THROW(plan_rows(1, kRowMaxWidth, 2, {g_mem}));
+  EXPECT_THROW(plan_rows(1, kRowMaxWidth + 1, 2, {g_mem}), std::length_error);
 }
 
-TEST(GpuPlanRows, DgammaChunksCoverEveryRowOnce) {
-  for (int64_t rows : {1, 7, 8, 9, 300, 4097})
-    for (int64_t h : {1, 33, 1000, 8192}) {
-      int64_t rpc = 0;
-      const int64_t chunks = dgamma_chunks(rows, h, &rpc);
-      ASSERT_GT(chunks, 0);
-      EXPECT_GE(chunks * rpc, rows);
-      EXPECT_LT((chunks - 1) * rpc, rows) << "an empty chunk";
-      EXPECT_LE(chunks, 1024);
+// The loads per thread (np) are the kernels' compile-time count: worked by hand per shape.
+TEST(GpuPlanRows, LoadsPerThreadAndChunks) {
+  struct Row {
+    int64_t h;
+    size_t elem;
+    int tpr, vec, per_thread, np;
+    int64_t packs, chunks;
+  };
+  const Row rows[] = {
+      // h <= 8 per thread of the row: 8 elements, one chunk
+      {1, 4, 32, 1, 8, 8, 1, 1},
+      {40, 2, 32, 8, 8, 1, 5, 1},
+      {256, 4, 32, 4, 8, 2, 64, 1},
+      {1536, 2, 256, 8, 8, 1, 192, 1},  // block per row, 1536 <= 256 x 8
+      {2048, 4, 256, 4, 8, 2, 512, 1},
+      // wider: min(32, 8 vec) elements
+      {1024, 4, 32, 4, 32, 8, 256, 1},     // fp32 1024: 8 x 16-byte loads, one chunk
+      {1024, 2, 32, 8, 32, 4, 128, 1},     // bf16 1024: 4 x 16-byte loads
+      {8192, 2, 256, 8, 32, 4, 1024, 1},   // bf16 8192: 4 x 16 bytes per thread
+      {8192, 4, 256, 4, 32, 8, 2048, 1},   // fp32 8192: 8 x 16 bytes per thread
+      {1030, 2, 256, 2, 8, 4, 515, 1},     // vec 2, 1030 <= 256 x 8: 8 elements in 4 loads
+      {2050, 2, 256, 2, 16, 8, 1025, 1},   // vec 2, wider: 16 elements in 8 loads
+      {1025, 4, 256, 1, 8, 8, 1025, 1},    // block per row, h <= 256 x 8: scalar, one chunk
+      {541, 4, 32, 1, 8, 8, 541, 3},       // warp per row, scalar: 256 columns per chunk
+      {8193, 4, 256, 1, 8, 8, 8193, 5},    // scalar: 2048 columns per chunk
+      {16384, 2, 256, 8, 32, 4, 2048, 2},  // bf16 16384: two chunks of 8192
+      {0, 4, 32, 4, 8, 2, 0, 1},           // no column: one (empty) chunk still runs
+  };
+  for (const Row& r : rows) {
+    const RowPlan p = plan_rows(3, r.h, r.elem, {g_mem});
+    EXPECT_EQ(p.tpr, r.tpr) << "h " << r.h;
+    EXPECT_EQ(p.vec, r.vec) << "h " << r.h;
+    EXPECT_EQ(p.per_thread, r.per_thread) << "h " << r.h;
+    EXPECT_EQ(p.np, r.np) << "h " << r.h;
+    EXPECT_EQ(p.packs, r.packs) << "h " << r.h;
+    EXPECT_EQ(p.chunks, r.chunks) << "h " << r.h;
+    // The chunks cover the row, the last one not empty; at most 8 loads, 32 elements.
+    EXPECT_GE(p.chunks * p.tpr * p.np, p.packs) << "h " << r.h;
+    if (p.packs > 0) {
+      EXPECT_LT((p.chunks - 1) * p.tpr * p.np, p.packs) << "h " << r.h;
     }
-  int64_t rpc = 5;
-  EXPECT_EQ(dgamma_chunks(0, 10, &rpc), 0);
-  EXPECT_EQ(rpc, 0);
+    EXPECT_LE(p.np, kRowMaxLoads);
+    EXPECT_LE(p.per_thread, kRowPerThread);
+    EXPECT_EQ(p.np * p.vec, p.per_thread);
+  }
+}
+
+TEST(GpuPlanRows, GridIsTheSmallerOfRowGroupsAndResidentBlocks) {
+  const RowPlan p = plan_rows(16384, 1024, 2, {g_mem});  // 2048 blocks of 8 rows
+  EXPECT_EQ(row_grid(p, 0), 2048);                       // unknown device: no limit
+  EXPECT_EQ(row_grid(p, 132 * 2), 264);
+  EXPECT_EQ(row_grid(p, 100000), 2048);
+  EXPECT_EQ(row_grid(plan_rows(3, 8192, 2, {g_mem}), 264), 3);
+}
+
+// The backward's column-sum blocks: a function of the shape only, never more than the row
+// groups, between kBwdMinParts and kBwdMaxParts otherwise; the scratch is [parts, 2, h] floats.
+TEST(GpuPlanRows, BackwardColumnSumBlocks) {
+  EXPECT_EQ(row_bwd_parts(0, 64), 0);
+  EXPECT_EQ(row_bwd_parts(1, 1), 1);           // one row: one block
+  EXPECT_EQ(row_bwd_parts(300, 40), 38);       // warp per row: 38 blocks of 8 rows < 128
+  EXPECT_EQ(row_bwd_parts(4, 8192), 4);        // block per row: 4 rows, 4 blocks
+  EXPECT_EQ(row_bwd_parts(2048, 1024), 128);   // 2048 / 32 = 64, raised to 128
+  EXPECT_EQ(row_bwd_parts(6000, 4096), 188);   // 6000 / 32 = 187.5
+  EXPECT_EQ(row_bwd_parts(16384, 8192), 256);  // capped
+  EXPECT_EQ(row_bwd_parts(16384, 1024), 256);
+  EXPECT_EQ(row_bwd_scratch_bytes(300, 40), size_t{38 * 2 * 40 * 4});
+  EXPECT_EQ(row_bwd_scratch_bytes(0, 40), 0u);
+  EXPECT_EQ(row_bwd_scratch_bytes(5, 0), 0u);
+  for (int64_t rows : {1, 7, 8, 9, 300, 4097, 100000})
+    for (int64_t h : {1, 33, 1000, 1025, 8192}) {
+      const int64_t parts = row_bwd_parts(rows, h);
+      EXPECT_GE(parts, 1);
+      EXPECT_LE(parts, plan_rows(rows, h, 4, {}).blocks) << "a block without a row";
+      EXPECT_LE(parts, kBwdMaxParts);
+    }
 }
 
 // [4, 8, 0, 5] is outer 4, c 8, inner 0 in NCHW and outer 0, c 5, inner 1 channels-last:

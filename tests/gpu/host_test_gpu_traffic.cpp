@@ -45,8 +45,9 @@ TEST(GpuTraffic, LayerNormForwardFp32) {
 
 TEST(GpuTraffic, RmsNormBackwardBf16WithDgamma) {
   // 16 x 100 bf16: dy, x, dx 3200 B each; gamma 200; rstd 16 x 4 = 64; payload 16 x 8 = 128.
-  // dgamma_chunks(16, 100): 4 column tiles, min(256, 2) = 2 chunks of 8 rows: partials
-  // 2 chunks x 2 x 100 floats = 1600 B. RMSNorm has no dbeta.
+  // The partial's column sums: row_bwd_parts(16, 100) = 2 blocks (a warp per row, 8 rows per
+  // block; min(2, 128)) x 2 x 100 floats = 1600 B, written by the partial, read by the final.
+  // RMSNorm has no dbeta. No column pass re-reads dy and x: 5 N s (16000) + small terms.
   RowTrafficArgs a;
   a.rows = 16;
   a.h = 100;
@@ -54,13 +55,30 @@ TEST(GpuTraffic, RmsNormBackwardBf16WithDgamma) {
   a.centered = false;
   a.beta = false;
   const Traffic t = row_backward_traffic(a);
-  expect_kernels(t, {{"row partial_bwd", 6400 + 200 + 64, 128},
+  expect_kernels(t, {{"row partial_bwd", 6400 + 200 + 64, 128 + 1600},
                      {"call header", 0, 80},
                      {"row apply_bwd", 6400 + 200 + 64 + 80 + 128, 3200},
-                     {"row dgamma_part", 6400 + 64, 1600},
                      {"row dgamma_final", 1600 + 80, 200}});
-  EXPECT_EQ(t.read(), 21680);
+  EXPECT_EQ(t.read(), 15216);
   EXPECT_EQ(t.written(), 5208);
+}
+
+TEST(GpuTraffic, LayerNormBackwardLargeIsFiveNsPlusScratch) {
+  // 16384 x 8192 bf16 (N s = 268435456 B): 256 column-sum blocks x 2 x 8192 floats = 16 MiB
+  // of scratch, written once and read once; saved mean/rstd fp32 (2 x 65536 B); payload
+  // 16384 x 2 x 8 = 262144; gamma 16384; dgamma, dbeta 16384 each.
+  RowTrafficArgs a;
+  a.rows = 16384;
+  a.h = 8192;
+  a.elem = 2;
+  const Traffic t = row_backward_traffic(a);
+  const int64_t ns = 268435456, part = 256 * 2 * 8192 * 4, small = 16384 + 131072;
+  expect_kernels(t, {{"row partial_bwd", 2 * ns + small, 262144 + part},
+                     {"call header", 0, 80},
+                     {"row apply_bwd", 2 * ns + small + 80 + 262144, ns},
+                     {"row dgamma_final", part + 80, 2 * 16384}});
+  EXPECT_EQ(t.total(), 5 * ns + 2 * part + 2 * small + 2 * 262144 + 3 * 80 + 2 * 16384);
+  EXPECT_LT(static_cast<double>(t.total()), 5.14 * ns);  // 16 MiB x 2 is 0.125 N s
 }
 
 TEST(GpuTraffic, LayerNormBackwardWithoutParamsHasNoColumnPass) {

@@ -2,13 +2,7 @@
 // pointers before anything is launched. Plain C++ (no CUDA types), so that host unit tests
 // (tests/gpu/host_test_gpu_plans.cpp) check every decision here without a GPU.
 //
-// Row norms (kernels/cuda/row_norm.cu): a warp per row (4 rows per 128-thread block) when
-// h <= 1024, else a 256-thread block per row. Vector width V = the widest power of two that
-// divides both 16 / sizeof(T) and h (flashinfer's gcd(16 / sizeof(T), h)) and to whose V *
-// sizeof(T) bytes every pointer is aligned: then every row of every operand starts aligned
-// too (row r starts r * h elements in, a multiple of V), and no row needs a scalar head or
-// tail. Uneven tensor-parallel splits keep wide loads: h = 1000 in fp16 -> V = 8, h = 1030
-// -> V = 2, only odd h or a pointer off by one element falls back to V = 1.
+// Row norms (kernels/cuda/row_norm.cu): see "row norms" below.
 //
 // SyncBatchNorm (kernels/cuda/batch_norm.cu): see the section below.
 #pragma once
@@ -24,12 +18,57 @@
 namespace tpnorm::kernels::cuda {
 
 // ---- row norms --------------------------------------------------------------------------
+//
+// Every row kernel walks its rows grid-stride in "row groups": a warp per row when h <= 1024,
+// else the whole block per row; blocks of 256 threads either way (8 rows at a time per block
+// with a warp per row). Vector width `vec` = the widest power of two that divides both
+// 16 / sizeof(T) and h (flashinfer's gcd(16 / sizeof(T), h)) and to whose vec * sizeof(T)
+// bytes every pointer is aligned: then every row of every operand starts aligned too (row r
+// starts r * h elements in, a multiple of vec), and no row needs a scalar head or tail.
+// Uneven tensor-parallel splits keep wide loads: h = 1000 in fp16 -> vec 8, h = 1030 ->
+// vec 2; only odd h or a pointer off by one element falls back to vec 1. (A scalar head and
+// tail per row would give odd h 16-byte loads for its body, but then a column's place in a
+// thread's registers would change from row to row, and the backward keeps its dgamma / dbeta
+// column sums in registers across rows.)
+//
+// A thread handles `per_thread` elements of a row at a time (a "chunk" of tpr * per_thread
+// columns): np = per_thread / vec vector loads per operand, a compile-time count, all issued
+// before the math uses any of them; the last chunk is predicated (pack i < packs). per_thread
+// is 8 for rows of at most 8 elements per thread (one chunk, few idle registers), else
+// min(32, 8 vec): at most 8 loads per operand (scalar rows: 8 elements; more spilled in ptxas
+// -v at sm_90) and at most 32 elements, because the backward partial keeps two float column
+// sums per element in registers (64) next to its x, dy and gamma packs, which 256-thread
+// blocks afford (255 registers per thread at most). Rows wider than one chunk loop over chunks.
+//
+// Grid: the kernels are grid-stride, so any grid is correct; the launcher takes the smaller of
+// `blocks` (every row group its own block) and what the device keeps resident at once (the
+// occupancy query of that kernel instance x SMs, see row_grid). Block size is fixed at 256:
+// enough warps per block to hide the block reduction's barriers behind the other blocks on
+// the SM, and the launch bound the register budget above assumes.
+//
+// The backward partial with parameter gradients runs on exactly `bwd_parts` blocks (a
+// function of the shape only, so dgamma / dbeta sum in the same order on every device): each
+// block keeps per-column sums of dy * xhat and dy over the rows it owns and writes one
+// [2, h] float slice of scratch; dgamma_final adds the slices in block order.
+
+inline constexpr int kRowThreads = 256;
+inline constexpr int kRowSmallPerThread = 8, kRowPerThread = 32, kRowMaxLoads = 8;
+/// Elements per thread per chunk for rows wider than 8 per thread, at vector width vec.
+inline constexpr int row_wide_per_thread(int vec) {
+  return vec * kRowMaxLoads < kRowPerThread ? vec * kRowMaxLoads : kRowPerThread;
+}
+/// Widest row the kernels index with 32-bit in-row offsets.
+inline constexpr int64_t kRowMaxWidth = int64_t{1} << 30;
 
 struct RowPlan {
-  int tpr = 32;        ///< threads per row: 32 (a warp) or 256 (the block)
-  int threads = 128;   ///< block size
-  int64_t blocks = 0;  ///< grid size (0: nothing to launch)
-  int vec = 1;         ///< elements per vector access (1, 2, 4, 8; at most 16 bytes)
+  int tpr = 32;               ///< threads per row: 32 (a warp) or kRowThreads (the block)
+  int threads = kRowThreads;  ///< block size
+  int64_t blocks = 0;         ///< one block per row group (0: nothing to launch)
+  int vec = 1;                ///< elements per vector access (1, 2, 4, 8; at most 16 bytes)
+  int per_thread = 8;         ///< elements per thread per chunk (8 or row_wide_per_thread(vec))
+  int np = 8;                 ///< vector loads per thread per chunk: per_thread / vec
+  int64_t packs = 0;          ///< vector packs per row: h / vec
+  int64_t chunks = 1;         ///< chunks per row: ceil(packs / (tpr * np)), at least 1
 };
 
 /// gcd(16 / elem, h), halved until every non-null pointer is aligned to vec * elem bytes.
@@ -42,30 +81,51 @@ inline int row_vector_width(int64_t h, size_t elem, std::initializer_list<const 
   return v;
 }
 
-/// Rows per launch are limited by the grid (2^31 - 1 blocks of 4 rows): far beyond any tensor
+/// Rows per launch are limited by the grid (2^31 - 1 blocks of 8 rows): far beyond any tensor
 /// that fits in memory with h >= 1, but checked rather than wrapped.
 inline RowPlan plan_rows(int64_t rows, int64_t h, size_t elem,
                          std::initializer_list<const void*> ptrs) {
   RowPlan p;
   p.vec = row_vector_width(h, elem, ptrs);
-  p.tpr = h <= 1024 ? 32 : 256;
-  p.threads = p.tpr == 32 ? 128 : 256;
+  p.tpr = h <= 1024 ? 32 : kRowThreads;
+  p.threads = kRowThreads;
   const int64_t per_block = p.threads / p.tpr;
   p.blocks = rows > 0 ? (rows + per_block - 1) / per_block : 0;
   if (p.blocks > INT32_MAX) throw std::length_error("tpnorm: too many rows for one CUDA launch");
+  if (h > kRowMaxWidth) throw std::length_error("tpnorm: rows wider than 2^30 elements on CUDA");
+  const int64_t hh = std::max<int64_t>(h, 0);
+  p.per_thread =
+      hh <= int64_t{p.tpr} * kRowSmallPerThread ? kRowSmallPerThread : row_wide_per_thread(p.vec);
+  p.np = p.per_thread / p.vec;
+  p.packs = hh / p.vec;
+  const int64_t step = int64_t{p.tpr} * p.np;
+  p.chunks = std::max<int64_t>(1, (p.packs + step - 1) / step);
   return p;
 }
 
-/// dgamma/dbeta: 32-column x 8-row tiles over row chunks, about 1024 blocks in all, at least
-/// 8 rows per chunk; returns the chunk count and sets *rows_per_chunk.
-inline constexpr int kDgammaTileCols = 32, kDgammaTileRows = 8;
-inline int64_t dgamma_chunks(int64_t rows, int64_t h, int64_t* rows_per_chunk) {
-  if (rows <= 0 || h <= 0) return *rows_per_chunk = 0, 0;
-  const int64_t tiles = (h + kDgammaTileCols - 1) / kDgammaTileCols;
-  int64_t chunks = std::max<int64_t>(1, 1024 / tiles);
-  chunks = std::min(chunks, (rows + kDgammaTileRows - 1) / kDgammaTileRows);
-  *rows_per_chunk = (rows + chunks - 1) / chunks;
-  return (rows + *rows_per_chunk - 1) / *rows_per_chunk;
+/// The grid of a row kernel: every row group its own block, or fewer when the device keeps
+/// fewer resident at once (`resident`: blocks per SM x SMs; <= 0: unknown, no limit).
+inline int64_t row_grid(const RowPlan& p, int64_t resident) {
+  return resident > 0 ? std::min(p.blocks, resident) : p.blocks;
+}
+
+/// Blocks of the backward partial when it writes dgamma / dbeta column sums: about one per
+/// kBwdPartRows rows, at least kBwdMinParts (so that a mid-size call still spreads over the
+/// SMs of a large GPU) and at most kBwdMaxParts (the [parts, 2, h] float scratch is written and
+/// re-read once: at 16384 rows that is 1/64 of a row's bytes per block, ~3 % of dy and x in
+/// bf16), and never more blocks than row groups. 0 for no rows.
+inline constexpr int64_t kBwdPartRows = 32, kBwdMinParts = 128, kBwdMaxParts = 256;
+inline int64_t row_bwd_parts(int64_t rows, int64_t h) {
+  const RowPlan p = plan_rows(rows, h, 4, {});
+  if (p.blocks == 0) return 0;
+  const int64_t want =
+      std::clamp<int64_t>((rows + kBwdPartRows - 1) / kBwdPartRows, kBwdMinParts, kBwdMaxParts);
+  return std::min(p.blocks, want);
+}
+
+/// Device scratch of the dgamma / dbeta column sums: [row_bwd_parts, 2, h] floats.
+inline size_t row_bwd_scratch_bytes(int64_t rows, int64_t h) {
+  return static_cast<size_t>(row_bwd_parts(rows, h) * 2 * std::max<int64_t>(h, 0)) * sizeof(float);
 }
 
 // ---- SyncBatchNorm ----------------------------------------------------------------------

@@ -9,10 +9,16 @@
 // chunks with P*sum(c^2) != sum(c)^2, or n >= 2^24 with float wire) writes no output and sets
 // *err = 1.
 //
-// Launch geometry is chosen on the host from h: a warp per row (4 rows per 128-thread block)
-// when h <= 1024, else a 256-thread block per row; 16-byte vector loads when h and every
-// pointer allow it. Everything is float32 inside (the robust mode accumulates around a
-// per-row pivot, as on CPU); saved mean/rstd are float or double (s64).
+// Launch geometry is chosen on the host from h (kernels/cuda/plan.h): a warp per row when
+// h <= 1024, else a 256-thread block per row, rows walked grid-stride; 16-byte vector loads
+// when h and every pointer allow it, a compile-time number of them per thread. Everything is
+// float32 inside (the robust mode accumulates around a per-row pivot, as on CPU); saved
+// mean/rstd are float or double (s64).
+//
+// Backward bytes: the partial reads dy and x once for the row sums AND the dgamma / dbeta
+// column sums (the saved mean / rstd are known before the collective), the apply reads them
+// again for dx: 5 N s in all (N s = the bytes of one of dy, x, dx) plus a [blocks, 2, h]
+// float scratch written once and read once.
 #pragma once
 
 #include <cstddef>
@@ -36,12 +42,15 @@ template <class T>
 void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* beta,
                        const Header& hd, double eps, T* y, void* mean, void* rstd, int* err);
 
+/// Row sums into `payload`; with `scratch` (row_norm_scratch_bytes(rows, h, true) bytes) also
+/// each block's dgamma / dbeta column sums, which row_apply_backward then adds up.
 template <class T>
 void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
-                          const void* mean, const void* rstd, bool w64, void* payload);
+                          const void* mean, const void* rstd, bool w64, void* payload,
+                          void* scratch = nullptr);
 
-/// dx from the summed statistics; dgamma/dbeta (may be null) by a two-stage column reduction
-/// through `scratch` (row_norm_scratch_bytes), deterministic for a given shape.
+/// dx from the summed statistics; dgamma/dbeta (may be null) as the sum, in block order, of
+/// the column sums row_partial_backward left in `scratch` (deterministic for a given shape).
 template <class T>
 void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma, const void* mean,
                         const void* rstd, const Header& hd, T* dx, T* dgamma, T* dbeta,

@@ -9,8 +9,8 @@
 namespace tpnorm {
 
 using kernels::cuda::BnPlan;
-using kernels::cuda::dgamma_chunks;
 using kernels::cuda::plan_channels;
+using kernels::cuda::row_bwd_parts;
 
 Traffic row_forward_traffic(const RowTrafficArgs& a) {
   const int64_t n = a.rows * a.h * a.elem, k = a.centered ? 2 : 1, pay = a.rows * k * a.wire;
@@ -30,20 +30,18 @@ Traffic row_backward_traffic(const RowTrafficArgs& a) {
   const int64_t n = a.rows * a.h * a.elem, k = a.centered ? 2 : 1, pay = a.rows * k * a.wire;
   const int64_t gamma = a.gamma ? a.h * a.elem : 0;
   const int64_t stats = (a.centered ? 2 : 1) * a.rows * a.saved;  // saved mean (LN) and rstd
+  const bool dbeta = a.dbeta && a.centered;                       // RMSNorm has no beta
+  const bool params = (a.dgamma || dbeta) && a.h > 0;
+  // The partial's column sums: [row_bwd_parts, 2, h] floats, written once, read once.
+  const int64_t part = params ? row_bwd_parts(a.rows, a.h) * 2 * a.h * 4 : 0;
   Traffic t;
-  if (a.rows > 0) t.kernels.push_back({"row partial_bwd", 2 * n + gamma + stats, pay});
+  if (a.rows > 0) t.kernels.push_back({"row partial_bwd", 2 * n + gamma + stats, pay + part});
   t.kernels.push_back({"call header", 0, a.header * a.wire});
   if (a.rows > 0)
     t.kernels.push_back({"row apply_bwd", 2 * n + gamma + stats + a.header * a.wire + pay, n});
-  const bool dbeta = a.dbeta && a.centered;  // RMSNorm has no beta
-  if ((a.dgamma || dbeta) && a.h > 0) {
-    int64_t rpc = 0;
-    const int64_t chunks = dgamma_chunks(a.rows, a.h, &rpc);
-    const int64_t part = 2 * chunks * a.h * 4;  // float partials per (chunk, column)
-    if (chunks > 0) t.kernels.push_back({"row dgamma_part", 2 * n + stats, part});
+  if (params)
     t.kernels.push_back({"row dgamma_final", part + a.header * a.wire,
                          ((a.dgamma ? 1 : 0) + (dbeta ? 1 : 0)) * a.h * a.elem});
-  }
   return t;
 }
 

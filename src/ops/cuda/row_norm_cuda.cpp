@@ -70,10 +70,11 @@ size_t row_backward_scratch_at(const RowBackward& a) {
   return kcu::row_norm_scratch_bytes(a.g.rows, a.g.h, params);
 }
 
-void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64,
-                             void* payload) {
+void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64, void* payload,
+                             void* scratch) {
   backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
-    kcu::row_partial_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, w64, payload);
+    kcu::row_partial_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, w64, payload,
+                              row_backward_scratch_at(a) > 0 ? scratch : nullptr);
   });
 }
 
@@ -100,7 +101,7 @@ size_t row_backward_scratch_cuda(const RowBackwardCall& c) { return row_backward
 
 void row_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
                                const RowBackwardCall& c) {
-  row_backward_partial_at(dev, c.a, call.wire() == DType::F64, call.payload_data());
+  row_backward_partial_at(dev, c.a, call.wire() == DType::F64, call.payload_data(), call.scratch());
 }
 
 void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c) {

@@ -14,21 +14,23 @@ namespace tpnorm::detail {
 void row_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c);
 void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c);
 
-/// Device scratch bytes of the backward apply (dgamma / dbeta partials).
+/// Device scratch bytes of the backward (dgamma / dbeta column sums: written by the partial,
+/// added up by the apply).
 size_t row_backward_scratch_cuda(const RowBackwardCall& c);
 void row_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c);
 void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c);
 
 /// The same stages at a given place of a call's buffer: `payload` for the partials, the
-/// Header view (count slot and statistics slice) and `scratch` for the applies. Batched calls
-/// (ops/batched.cpp) run each item this way.
+/// Header view (count slot and statistics slice) for the applies, and the backward's
+/// `scratch` (row_backward_scratch_at bytes) for both. Batched calls (ops/batched.cpp) run
+/// each item this way.
 void row_forward_partial_at(DeviceCommunicator& dev, const RowForward& a, Stats stats, bool w64,
                             void* payload);
 void row_forward_apply_at(DeviceCommunicator& dev, const RowForward& a, double eps,
                           const kernels::cuda::Header& hd);
 size_t row_backward_scratch_at(const RowBackward& a);
-void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64,
-                             void* payload);
+void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64, void* payload,
+                             void* scratch);
 void row_backward_apply_at(DeviceCommunicator& dev, const RowBackward& a,
                            const kernels::cuda::Header& hd, void* scratch);
 
