@@ -32,6 +32,7 @@ class TimedCommunicator final : public tpnorm::Communicator {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   tpnorm::Device device() const override { return inner_.device(); }
+  size_t size_checked_sum_bytes() const override { return inner_.size_checked_sum_bytes(); }
 
   /// Marks the start of one op call; end() after it returns adds its phases to times().
   void begin() {

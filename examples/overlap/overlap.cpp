@@ -57,6 +57,7 @@ class WaitTimer final : public Communicator {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   Device device() const override { return inner_.device(); }
+  size_t size_checked_sum_bytes() const override { return inner_.size_checked_sum_bytes(); }
   double waited() const { return waited_; }
   void reset() { waited_ = 0; }
 

@@ -12,6 +12,7 @@
 // the same rule: every rank starts them in the same order; they may be waited in any order.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,6 +62,13 @@ class Communicator {
   /// Started sums not yet waited.
   size_t in_flight() const { return in_flight_; }
 
+  /// Sums of at most this many bytes per rank are size-checked: if the ranks pass different
+  /// counts, wait() (or all_reduce_sum) throws tpnorm::Error(kMismatch) on EVERY rank, and the
+  /// communicator stays usable. Larger sums, and every sum of a backend that returns 0 (the
+  /// default), need equal counts on every rank (MPI would abort or hang). The ops use it to
+  /// check their agreement header inside the one sum of a small call (see set_strict_calls).
+  virtual size_t size_checked_sum_bytes() const { return 0; }
+
   /// The stream device work is ordered on (a cudaStream_t as void*); nullptr for host backends.
   virtual void* stream() const { return nullptr; }
 
@@ -73,8 +81,10 @@ class Communicator {
 
   /// Strict agreement: the first `n` calls on this communicator (all when n < 0) check the
   /// fingerprint and error flags in a small collective BEFORE the payload collective, so that
-  /// ranks that disagree on sizes never enter a payload collective of different lengths.
-  /// Later calls fold the fingerprint into the payload collective. Default: the environment
+  /// ranks that disagree on sizes never enter a payload collective of different lengths —
+  /// except calls whose header + payload fit size_checked_sum_bytes(): those check the
+  /// header inside their one (size-checked) sum. Later calls fold the fingerprint into the
+  /// payload collective. Default: the environment
   /// variable TPNORM_STRICT_CALLS, else -1 (every call) on MPI communicators, whose check is
   /// non-blocking and runs under the call's partial phase, and 16 on the others (single-process,
   /// device communicators, whose check is a blocking host collective).

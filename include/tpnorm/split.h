@@ -18,10 +18,12 @@
 // - Everything the call reads or writes (views, the batched item arrays, num_batches_tracked)
 //   must stay valid, and its inputs unchanged, until finish() returns.
 // - Errors reach every rank together, as for the blocking call: a bad argument or a
-//   disagreement throws from the `_start` call on every rank (nothing is then in flight) while
-//   the call header is checked first (every call on MPI communicators by default, see
-//   Communicator::set_strict_calls); past the strict calls it throws from finish(), as does a
-//   failure found from the summed statistics.
+//   disagreement throws from the `_start` call on every rank (nothing is then in flight) when
+//   the call header is checked first — strict calls (every call on MPI communicators by
+//   default, see Communicator::set_strict_calls) larger than the communicator's
+//   size_checked_sum_bytes(); a small strict call carries its header in its one sum, and then,
+//   like every call past the strict calls, throws from finish(), as does a failure found from
+//   the summed statistics.
 // - A PendingCall destroyed (or assigned over) without finish() is an error, not a leak or a
 //   hang: its collective is completed (every rank started it), its outputs are not written,
 //   and the next collective call on the communicator throws on every rank, naming the call.

@@ -2,6 +2,7 @@
 // the shared failure path of the TPNORM_CHECK family.
 #include "tpnorm/communicator.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -75,6 +76,8 @@ class SingleCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   Device device() const override { return device_; }
+  // One rank cannot disagree with itself.
+  size_t size_checked_sum_bytes() const override { return SIZE_MAX; }
 
  protected:
   void do_all_reduce_sum(void*, size_t, DType) override {}  // the sum over one rank

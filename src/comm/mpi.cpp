@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +58,9 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Device device() const override { return Device::cpu(); }
+  size_t size_checked_sum_bytes() const override {
+    return size_ > 1 ? kExchangeBytes / static_cast<size_t>(size_ - 1) : SIZE_MAX;
+  }
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
@@ -96,12 +100,14 @@ class MpiCommunicator final : public Communicator {
     uint64_t sequence = 0;
     // The exchange (see start): the sum's buffer and the other ranks' contributions.
     bool exchange = false;
-    int pieces = 0;            // messages per peer
+    int pieces = 0;            // messages per peer (of this rank's own count)
     int receives = 0;          // reqs[0, receives) are receives, the rest sends
-    std::vector<double> send;  // the copy the sends read
+    std::vector<double> send;  // the copy the sends read: [count, values...]
     void* buf = nullptr;
     int count = 0;
     DType dtype = DType::F64;
+    int tag = 0;               // of the first pieces; tag + 1 for the rest
+    size_t slot = 0;           // bytes per peer in recv: room for a first piece at least
     std::vector<double> recv;  // (P - 1) contributions, 8-byte aligned for either type
   };
 
@@ -114,8 +120,19 @@ class MpiCommunicator final : public Communicator {
   // round, posted at start, so the wait finds the contributions there (messages up to the
   // shared-memory eager size, 4 KiB by default, need nothing of the receiver to be
   // delivered). Bytes per rank: (P - 1) x the buffer, hence the limit.
+  //
+  // Each contribution says its own length: element 0 of the message is the sender's count
+  // (exact in every wire type: at most 2^14 values fit the limit), and a receiver posts only
+  // the first piece of each peer at start (room for a whole piece) and the others once it has
+  // read the count. So ranks that pass different counts never truncate a message nor match a
+  // later sum's pieces: every rank receives exactly what each peer sent, sees that some peer's
+  // count differs from its own (if the counts are not all equal, every rank holds one that
+  // differs), and throws kMismatch; the next sum starts clean. size_checked_sum_bytes() tells
+  // the ops (PackedCall folds its agreement header into such a sum).
   static constexpr size_t kExchangeBytes = size_t{64} << 10;
-  static constexpr int kExchangeTag = 7401;
+  // An exchange's first pieces go with tag kExchangeTag + 2 * (its start number mod
+  // kExchangeTags), the rest with that + 1 (MPI guarantees tags up to 32767).
+  static constexpr int kExchangeTag = 7400, kExchangeTags = 8192;
   static constexpr size_t kPieceBytes = 2048;
 
   // MPI counts are int: large buffers go in chunks (the same split on every rank).
@@ -136,43 +153,46 @@ class MpiCommunicator final : public Communicator {
     p.op = current_op();
     p.sequence = sequence();
     const size_t bytes = count * dtype_size(dtype);
-    if (size_ > 1 && bytes * static_cast<size_t>(size_ - 1) <= kExchangeBytes) {
+    // Every sum of this communicator, in start order (the same on every rank), so that
+    // exchanges in flight together, waited in any order, never take each other's messages.
+    const uint64_t nth = started_++;
+    if (exchanges(bytes)) {
       p.exchange = true;
+      p.tag = kExchangeTag + 2 * static_cast<int>(nth % kExchangeTags);
       p.buf = buf;
       p.count = static_cast<int>(count);
       p.dtype = dtype;
-      p.recv.resize((bytes * static_cast<size_t>(size_ - 1) + 7) / 8);
+      const size_t elem = dtype_size(dtype), sent = (count + 1) * elem;  // [count, values...]
+      p.slot = (std::max(sent, kPieceBytes) + 7) / 8 * 8;
+      p.recv.resize(p.slot * static_cast<size_t>(size_ - 1) / 8);
       char* slots = reinterpret_cast<char*>(p.recv.data());
       // In pieces of at most kPieceBytes, each below the shared-memory eager size: a send
       // then completes at once, without the receiver, so a rank's wait never waits for a
       // slower peer to reach its own wait (only for its data, sent when it started the sum).
-      const int per_piece = static_cast<int>(kPieceBytes / dtype_size(dtype));
-      const int pieces = (p.count + per_piece - 1) / per_piece;
-      p.pieces = pieces;
-      p.reqs.assign(static_cast<size_t>(2 * (size_ - 1) * pieces), MPI_REQUEST_NULL);
-      size_t r = 0;
-      for (int q = 0, k = 0; q < size_; ++q) {  // receives first (in rank order), then sends
+      const int per_piece = static_cast<int>(kPieceBytes / elem);
+      p.pieces = pieces_of(p.count, per_piece);
+      // Receives of every peer's first piece (in rank order); the rest once its count is read.
+      for (int q = 0, k = 0; q < size_; ++q) {
         if (q == rank_) continue;
-        char* slot = slots + static_cast<size_t>(k++) * bytes;
-        for (int i = 0; i < pieces; ++i) {
-          const int n = std::min(per_piece, p.count - i * per_piece);
-          TPNORM_CHECK(MPI, MPI_Irecv(slot + static_cast<size_t>(i) * kPieceBytes, n, type, q,
-                                      kExchangeTag, comm_, &p.reqs[r++]));
-        }
+        p.reqs.push_back(MPI_REQUEST_NULL);
+        TPNORM_CHECK(MPI, MPI_Irecv(slots + static_cast<size_t>(k++) * p.slot, per_piece, type, q,
+                                    p.tag, comm_, &p.reqs.back()));
       }
       // Sent from a copy, so that the wait needs only the receives: a send completes when the
       // peer has taken the data, which may be after this rank's wait (the copy lives on in
       // retired_ until then).
-      p.send.assign(p.recv.size() / static_cast<size_t>(size_ - 1) + 1, 0.0);
-      std::memcpy(p.send.data(), buf, bytes);
+      p.send.assign((sent + 7) / 8, 0.0);
+      store_count(p.send.data(), dtype, p.count);
+      std::memcpy(reinterpret_cast<char*>(p.send.data()) + elem, buf, bytes);
       const char* send = reinterpret_cast<const char*>(p.send.data());
-      p.receives = static_cast<int>(r);
+      p.receives = static_cast<int>(p.reqs.size());
       for (int q = 0; q < size_; ++q) {
         if (q == rank_) continue;
-        for (int i = 0; i < pieces; ++i) {
-          const int n = std::min(per_piece, p.count - i * per_piece);
+        for (int i = 0; i < p.pieces; ++i) {
+          const int n = std::min(per_piece, p.count + 1 - i * per_piece);
+          p.reqs.push_back(MPI_REQUEST_NULL);
           TPNORM_CHECK(MPI, MPI_Isend(send + static_cast<size_t>(i) * kPieceBytes, n, type, q,
-                                      kExchangeTag, comm_, &p.reqs[r++]));
+                                      p.tag + (i > 0), comm_, &p.reqs.back()));
         }
       }
       return p;
@@ -184,36 +204,108 @@ class MpiCommunicator final : public Communicator {
     return p;
   }
 
+  // Waits for a started sum: its MPI_Iallreduce requests, or the exchange's receives (first
+  // pieces, then the rest of each peer's pieces as its count says) and the sum in rank order.
+  void complete(Pending& p, bool may_throw) {
+    retire_sends(p);  // p.reqs: receives only
+    if (!p.exchange) {
+      poll(p.reqs, MPI_STATUSES_IGNORE, p, may_throw);
+      return;
+    }
+    const MPI_Datatype type = mpi_type(p.dtype);
+    const size_t elem = dtype_size(p.dtype);
+    const int per_piece = static_cast<int>(kPieceBytes / elem);
+    std::vector<MPI_Status> st(p.reqs.size());
+    if (!poll(p.reqs, st.data(), p, may_throw)) return;
+    // Every peer's count, and receives for the rest of its pieces: into its slot when the
+    // count is this rank's own, else into `drain` (kept apart: only to keep messages in step).
+    char* slots = reinterpret_cast<char*>(p.recv.data());
+    std::vector<int> counts(static_cast<size_t>(size_ - 1));
+    std::vector<std::vector<double>> drain(static_cast<size_t>(size_ - 1));
+    std::vector<MPI_Request> rest;
+    bool same = true;
+    int malformed = -1;
+    for (int k = 0; k < size_ - 1; ++k) {
+      char* slot = slots + static_cast<size_t>(k) * p.slot;
+      int got = 0;
+      MPI_Get_count(&st[static_cast<size_t>(k)], type, &got);
+      const int c = got > 0 ? load_count(slot, p.dtype) : -1;
+      const int pieces = pieces_of(c, per_piece);
+      counts[static_cast<size_t>(k)] = c;
+      if (c < 0 || got != std::min(per_piece, c + 1) ||
+          static_cast<size_t>(c) * elem * static_cast<size_t>(size_ - 1) > kExchangeBytes) {
+        malformed = k + (k >= rank_);  // not this protocol's: nothing of it can be drained
+        continue;
+      }
+      same = same && c == p.count;
+      char* into = slot;
+      if (c != p.count) {
+        drain[static_cast<size_t>(k)].resize(static_cast<size_t>(pieces) * kPieceBytes / 8);
+        into = reinterpret_cast<char*>(drain[static_cast<size_t>(k)].data());
+      }
+      const int q = k + (k >= rank_);
+      for (int i = 1; i < pieces; ++i) {
+        const int n = std::min(per_piece, c + 1 - i * per_piece);
+        rest.push_back(MPI_REQUEST_NULL);
+        const int rc = MPI_Irecv(into + static_cast<size_t>(i) * kPieceBytes, n, type, q, p.tag + 1,
+                                 comm_, &rest.back());
+        if (rc != MPI_SUCCESS) rest.pop_back(), malformed = q;
+      }
+    }
+    // Every receive posted above completes before anything is thrown: they write into p and
+    // drain, which go with this frame.
+    if (!poll(rest, MPI_STATUSES_IGNORE, p, may_throw)) return;
+    if (malformed >= 0) {
+      if (!may_throw) return;
+      throw Error(ErrorCode::kCommunication,
+                  "tpnorm: all_reduce_sum: rank " + std::to_string(rank_) +
+                      " could not receive the contribution of rank " + std::to_string(malformed));
+    }
+    if (!same) {
+      if (!may_throw) return;
+      // Every rank holds every count: the same message everywhere.
+      std::string s =
+          "tpnorm: all_reduce_sum: the ranks disagree on the size of a sum: counts "
+          "by rank [";
+      for (int r = 0; r < size_; ++r)
+        s += (r ? ", " : "") +
+             std::to_string(r == rank_ ? p.count : counts[static_cast<size_t>(r - (r > rank_))]);
+      throw Error(ErrorCode::kMismatch, s + "]");
+    }
+    switch (p.dtype) {
+      case DType::F64:
+        return add_in_rank_order(static_cast<double*>(p.buf), slots + elem, p.slot, p.count);
+      case DType::I64:
+        return add_in_rank_order(static_cast<int64_t*>(p.buf), slots + elem, p.slot, p.count);
+      default:  // F32 (mpi_type refused the rest at start)
+        return add_in_rank_order(static_cast<float*>(p.buf), slots + elem, p.slot, p.count);
+    }
+  }
+
   // The one wait loop of this communicator: polls MPI_Testall (which also drives MPI's
   // progress for every other request in flight) until done, or until the watchdog's deadline
   // when it is on, then ends the job with MPI_Abort and a message naming the op that started
-  // the sum, this rank and its call sequence.
-  void complete(Pending& p, bool may_throw) {
-    retire_sends(p);
-    const int n = static_cast<int>(p.reqs.size());
-    std::vector<MPI_Status> status(p.exchange ? p.reqs.size() : 0);
-    MPI_Status* st = p.exchange ? status.data() : MPI_STATUSES_IGNORE;
+  // the sum, this rank and its call sequence. False when MPI failed and may_throw is false.
+  bool poll(std::vector<MPI_Request>& reqs, MPI_Status* st, const Pending& p, bool may_throw) {
+    const int n = static_cast<int>(reqs.size());
+    if (n == 0) return true;
     if (!(timeout() > 0)) {
-      const int rc = MPI_Waitall(n, p.reqs.data(), st);
-      if (may_throw) TPNORM_CHECK(MPI, rc);
-      if (rc == MPI_SUCCESS && p.exchange) add_exchange(p, status, may_throw);
-      return;
+      const int rc = MPI_Waitall(n, reqs.data(), st);
+      if (rc != MPI_SUCCESS && may_throw) TPNORM_CHECK(MPI, rc);
+      return rc == MPI_SUCCESS;
     }
     using clock = std::chrono::steady_clock;
     const auto deadline = clock::now() + std::chrono::duration<double>(timeout());
     int done = 0;
     // Reading the clock costs ~20 ns; every 64th poll keeps it out of the latency of small calls.
-    for (unsigned poll = 1;; ++poll) {
-      const int rc = MPI_Testall(n, p.reqs.data(), &done, st);
+    for (unsigned i = 1;; ++i) {
+      const int rc = MPI_Testall(n, reqs.data(), &done, st);
       if (rc != MPI_SUCCESS) {
         if (may_throw) TPNORM_CHECK(MPI, rc);
-        return;
+        return false;
       }
-      if (done) {
-        if (p.exchange) add_exchange(p, status, may_throw);
-        return;
-      }
-      if (poll % 64 == 0 && clock::now() > deadline) {
+      if (done) return true;
+      if (i % 64 == 0 && clock::now() > deadline) {
         std::fprintf(stderr, "%s\n", watchdog_message(p.op, p.sequence).c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);  // the whole job, not only this group
@@ -221,46 +313,39 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // The exchange's sum: contributions of ranks 0..P-1 added in that order into p.buf. A
-  // contribution of another length (ranks that disagree on a size, past the strict calls) is
-  // an error here, not a sum of what happened to arrive.
-  void add_exchange(Pending& p, const std::vector<MPI_Status>& status, bool may_throw) {
-    const MPI_Datatype type = mpi_type(p.dtype);
-    const int per_piece = static_cast<int>(kPieceBytes / dtype_size(p.dtype));
-    for (int k = 0; k < (size_ - 1) * p.pieces; ++k) {
-      const int i = k % p.pieces, want = std::min(per_piece, p.count - i * per_piece);
-      int got = 0;
-      MPI_Get_count(&status[k], type, &got);
-      if (got != want) {
-        if (!may_throw) return;
-        throw Error(ErrorCode::kCommunication,
-                    "tpnorm: all_reduce_sum: rank " + std::to_string(rank_) + " expected " +
-                        std::to_string(want) + " values from rank " +
-                        std::to_string(status[k].MPI_SOURCE) + ", got " + std::to_string(got) +
-                        " (the ranks disagree on the size of a collective)");
-      }
-    }
-    switch (p.dtype) {
-      case DType::F64:
-        return add_in_rank_order(static_cast<double*>(p.buf),
-                                 reinterpret_cast<const double*>(p.recv.data()), p.count);
-      case DType::I64:
-        return add_in_rank_order(static_cast<int64_t*>(p.buf),
-                                 reinterpret_cast<const int64_t*>(p.recv.data()), p.count);
-      default:  // F32 (mpi_type refused the rest at start)
-        return add_in_rank_order(static_cast<float*>(p.buf),
-                                 reinterpret_cast<const float*>(p.recv.data()), p.count);
-    }
+  bool exchanges(size_t bytes) const {
+    return size_ > 1 && bytes * static_cast<size_t>(size_ - 1) <= kExchangeBytes;
   }
+  static int pieces_of(int count, int per_piece) {
+    return count < 0 ? 0 : (count + 1 + per_piece - 1) / per_piece;  // the count travels too
+  }
+  // Element 0 of a contribution: the sender's count, in the sum's own type.
+  static void store_count(void* at, DType dtype, int count) {
+    if (dtype == DType::F64)
+      *static_cast<double*>(at) = count;
+    else if (dtype == DType::I64)
+      *static_cast<int64_t*>(at) = count;
+    else
+      *static_cast<float*>(at) = static_cast<float>(count);
+  }
+  static int load_count(const void* at, DType dtype) {
+    double c = dtype == DType::F64   ? *static_cast<const double*>(at)
+               : dtype == DType::I64 ? static_cast<double>(*static_cast<const int64_t*>(at))
+                                     : *static_cast<const float*>(at);
+    return c >= 0 && c < 2147483647.0 && c == static_cast<int>(c) ? static_cast<int>(c) : -1;
+  }
+
+  // The exchange's sum: contributions of ranks 0..P-1 added in that order into `mine`.
+  // `others` holds ranks 0..P-1 without this one, in order, `stride` bytes apart: slot k is
+  // rank k + (k >= rank_).
   template <class T>
-  void add_in_rank_order(T* mine, const T* others, int n) const {
-    // others holds ranks 0..P-1 without this one, in order: slot k is rank k + (k >= rank_).
+  void add_in_rank_order(T* mine, const char* others, size_t stride, int n) const {
+    auto other = [&](int r) {
+      return reinterpret_cast<const T*>(others + (r - (r > rank_)) * stride);
+    };
     for (int i = 0; i < n; ++i) {
-      T acc = rank_ == 0 ? mine[i] : others[i];
-      for (int r = 1; r < size_; ++r) {
-        const T v = r == rank_ ? mine[i] : others[static_cast<size_t>(r - (r > rank_)) * n + i];
-        acc += v;
-      }
+      T acc = rank_ == 0 ? mine[i] : other(0)[i];
+      for (int r = 1; r < size_; ++r) acc += r == rank_ ? mine[i] : other(r)[i];
       mine[i] = acc;
     }
   }
@@ -269,6 +354,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<Pending> pending_;  // started, not yet waited, in start order
+  uint64_t started_ = 0;          // sums started so far (blocking ones too)
 
   // Exchange sends still in flight after their sum was waited, with the copy they read.
   struct Retired {

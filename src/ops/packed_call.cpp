@@ -162,8 +162,24 @@ void PackedCall::check_header(const void* base, DType as) {
   global_count_ = load(base, as, ch::kCountIndex);
 }
 
+void PackedCall::wait_checked(Communicator::Request& r) {
+  try {
+    comm_.wait(r);
+  } catch (const Error& e) {
+    // A size-checked sum whose counts differ (one rank's header-only sum against another's
+    // header + payload, or payloads of different sizes): every rank sees it, so every rank
+    // names the field the ranks disagree on, as for any other disagreement.
+    if (e.code() != ErrorCode::kMismatch) throw;
+    diagnose();
+  }
+}
+
+bool PackedCall::check_in_sum() const {
+  return (header_values_ + payload_values_) * dtype_size(wire_) <= comm_.size_checked_sum_bytes();
+}
+
 void PackedCall::begin_check() {
-  if (dev_ || !strict_ || header_req_.id || header_checked_) return;
+  if (dev_ || !strict_ || header_req_.id || header_checked_ || check_in_sum()) return;
   if (bytes_.empty()) prepare(0, 0);
   write_header(bytes_.data(), wire_);
   header_sent_ok_ = !failed_;
@@ -174,11 +190,11 @@ void PackedCall::start_reduce() {
   if (dev_) return reduce_device();
   if (bytes_.empty()) prepare(0, 0);
   void* base = bytes_.data();
-  if (strict_) {
+  if (strict_ && !check_in_sum()) {
     // The header first, in its own sum (started under the partial by begin_check), so that
     // ranks that disagree on sizes never enter payload sums of different lengths.
     begin_check();
-    comm_.wait(header_req_);
+    wait_checked(header_req_);
     // Failed after its header said it had not (a host partial that threw: std::bad_alloc):
     // the others would apply this rank's missing statistics, and this rank cannot stay out of
     // their payload sum without stranding them. End the job instead.
@@ -199,10 +215,12 @@ void PackedCall::start_reduce() {
 }
 
 void PackedCall::finish_reduce() {
-  if (!dev_) {
+  if (dev_) return;
+  if (header_checked_)
     comm_.wait(payload_req_);
-    if (!strict_) check_header(bytes_.data(), wire_);
-  }
+  else
+    wait_checked(payload_req_);
+  if (!header_checked_) check_header(bytes_.data(), wire_);
 }
 
 // One collective on device; the host only reads the header in strict calls, via the control

@@ -17,7 +17,10 @@
 // (Communicator::strict_now) the header travels in its own small collective before the payload,
 // so ranks that disagree on sizes never enter payload collectives of different lengths; on host
 // communicators that collective is non-blocking, started before the partial (begin_check) and
-// waited after it, so its latency hides under the partial.
+// waited after it, so its latency hides under the partial. A strict call whose header + payload
+// fit Communicator::size_checked_sum_bytes (MPI: a small sum, sent as a self-describing
+// exchange) needs no pre-check: its one sum carries the header, and ranks that passed different
+// sizes get kMismatch from the sum itself on every rank, then the usual diagnosis.
 //
 // Device communicators (src/comm/device_comm.h): the buffer is the communicator's device
 // workspace and the host never reads it back. Strict calls check the header on the host
@@ -120,6 +123,8 @@ class PackedCall {
     const char* name;
     double value;
   };
+  bool check_in_sum() const;
+  void wait_checked(Communicator::Request& r);
   void write_header(void* base, DType as) const;
   void check_header(const void* base, DType as);
   [[noreturn]] void diagnose();

@@ -61,6 +61,7 @@ void bind_communicators(py::module_& m) {
                              [](const Communicator& c) { return c.counters().bytes_sent; })
       .def("reset_counters", &Communicator::reset_counters)
       .def_property_readonly("sequence", &Communicator::sequence)
+      .def_property_readonly("size_checked_sum_bytes", &Communicator::size_checked_sum_bytes)
       .def("set_strict_calls", &Communicator::set_strict_calls, arg("n"))
       .def("set_timeout", &Communicator::set_timeout, arg("seconds"));
   m.def("single_communicator",

@@ -11,6 +11,7 @@
 
 #include "expect_error.h"
 #include "harness.h"
+#include "mpi_world.h"
 #include "storage.h"
 #include "tpnorm/batch_norm.h"
 #include "tpnorm/mpi.h"
@@ -54,9 +55,8 @@ struct Call {
 };
 
 void expect_fails(const std::function<void(Call&)>& bend, ErrorCode code, const std::string& part) {
-  for (int64_t strict : {int64_t{-1}, int64_t{0}}) {
-    auto c = make_mpi_communicator(MPI_COMM_WORLD);
-    c->set_strict_calls(strict);
+  for (int64_t mode : {int64_t{-1}, kHeaderFirst, int64_t{0}}) {
+    auto c = mpi_world(mode);
     Call call;
     bend(call);
     const std::string msg = error_of([&] { call.run(*c); }, code);

@@ -6,6 +6,7 @@
 
 #include "expect_error.h"
 #include "harness.h"
+#include "mpi_world.h"
 #include "tpnorm/error.h"
 #include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
@@ -31,9 +32,8 @@ struct Rows {
 };
 
 TEST(RowNormAgreement, BadEpsOnOneRankFailsEveryRank) {
-  for (int64_t strict : {int64_t{-1}, int64_t{0}}) {
-    auto comm = make_mpi_communicator(MPI_COMM_WORLD);
-    comm->set_strict_calls(strict);
+  for (int64_t mode : {int64_t{-1}, kHeaderFirst, int64_t{0}}) {
+    auto comm = mpi_world(mode);
     Rows t;
     NormOptions opt;
     if (world_rank() == world_size() - 1) opt.eps = -1.0;
@@ -52,19 +52,23 @@ TEST(RowNormAgreement, BadEpsOnOneRankFailsEveryRank) {
 }
 
 TEST(RowNormAgreement, RowsDifferingAcrossRanksIsAMismatch) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
-  comm->set_strict_calls(-1);  // sizes differ: the pre-check must catch it before the payload
-  Rows t;
-  const int64_t R = world_rank() == 0 ? 5 : 6;
-  const Shape s{R, t.h}, r{R};
-  const std::string msg = error_of(
-      [&] {
-        rms_norm_forward(*comm, view(t.x.data(), s), {}, view(t.y.data(), s),
-                         view(t.rstd.data(), r));
-      },
-      ErrorCode::kMismatch);
-  EXPECT_NE(msg.find("disagree on 'rows'"), std::string::npos) << msg;
-  EXPECT_TRUE(t.untouched());
+  // Sizes differ: the size-checked sum (the header inside) or the pre-check (header first)
+  // must catch it before any payload is used.
+  // Folded calls too: their sum is size-checked at these sizes.
+  for (int64_t mode : {int64_t{-1}, kHeaderFirst, int64_t{0}}) {
+    auto comm = mpi_world(mode);
+    Rows t;
+    const int64_t R = world_rank() == 0 ? 5 : 6;
+    const Shape s{R, t.h}, r{R};
+    const std::string msg = error_of(
+        [&] {
+          rms_norm_forward(*comm, view(t.x.data(), s), {}, view(t.y.data(), s),
+                           view(t.rstd.data(), r));
+        },
+        ErrorCode::kMismatch);
+    EXPECT_NE(msg.find("disagree on 'rows'"), std::string::npos) << msg;
+    EXPECT_TRUE(t.untouched());
+  }
 }
 
 TEST(RowNormAgreement, EpsDifferingAcrossRanksIsCaughtInTheFoldedFingerprint) {

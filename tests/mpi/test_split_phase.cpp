@@ -17,6 +17,7 @@
 
 #include "expect_error.h"
 #include "harness.h"
+#include "mpi_world.h"
 #include "reference.h"
 #include "tpnorm/batch_norm.h"
 #include "tpnorm/batched.h"
@@ -94,8 +95,9 @@ TEST(SplitPhase, SeveralInFlightMatchReferenceAndBlockingCall) {
   pq.finish();
   EXPECT_FALSE(pq.pending());
   EXPECT_EQ(comm->in_flight(), 0u);
-  // Strict calls (the MPI default): header + payload per call; bytes as the blocking calls.
-  EXPECT_EQ(comm->counters().calls, 6u);
+  // Strict calls (the MPI default) this small: one sum each, the header inside it (a
+  // size-checked sum); bytes as the blocking calls.
+  EXPECT_EQ(comm->counters().calls, 3u);
   EXPECT_EQ(comm->counters().bytes_sent, (3 * 10 + q.R + k.R + 2 * l.R) * 8u);
 
   const RowRef refq = row_norm_reference(false, q.X, q.R, q.H, q.G, {}, 1e-5);
@@ -213,23 +215,36 @@ TEST(SplitPhase, EveryOpStartedTogetherGivesTheBlockingBits) {
   EXPECT_GT(finite, 0) << "the SyncBatchNorm backward wrote dx";
 }
 
-TEST(SplitPhase, BadArgumentOnOneRankThrowsFromStartEverywhere) {
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
-  RowCase a(61, 4, 3 * world_size(), 0.0);
-  std::vector<float> y(a.x.size(), -7.f), rs(a.R, -7.f);
-  NormOptions opt;
-  if (world_rank() == world_size() - 1) opt.eps = -1;
-  PendingCall c;
-  const std::string msg = error_of(
-      [&] {
-        c = rms_norm_forward_start(*comm, view(a.x.data(), {a.R, a.h}), {},
-                                   view(y.data(), {a.R, a.h}), view(rs.data(), {a.R}), opt);
-      },
-      ErrorCode::kInvalidArgument);
-  EXPECT_NE(msg.find("argument 'eps'"), std::string::npos) << msg;
-  EXPECT_FALSE(c.pending());
-  EXPECT_EQ(comm->in_flight(), 0u);
-  for (float v : y) EXPECT_EQ(v, -7.f);
+// A bad argument on one rank: a call that checks its header first (large, or on a
+// communicator without size-checked sums) throws from start on every rank, nothing in flight;
+// a small call carries its header in its one sum and throws from finish() on every rank.
+TEST(SplitPhase, BadArgumentOnOneRankThrowsEverywhereFromStartOrFinish) {
+  for (int64_t mode : {kHeaderFirst, int64_t{-1}}) {
+    SCOPED_TRACE(mode == kHeaderFirst ? "header first" : "header inside the one sum");
+    auto comm = mpi_world(mode);
+    RowCase a(61, 4, 3 * world_size(), 0.0);
+    std::vector<float> y(a.x.size(), -7.f), rs(a.R, -7.f);
+    NormOptions opt;
+    if (world_rank() == world_size() - 1) opt.eps = -1;
+    PendingCall c;
+    auto start = [&] {
+      c = rms_norm_forward_start(*comm, view(a.x.data(), {a.R, a.h}), {},
+                                 view(y.data(), {a.R, a.h}), view(rs.data(), {a.R}), opt);
+    };
+    std::string msg;
+    if (mode == kHeaderFirst) {
+      msg = error_of(start, ErrorCode::kInvalidArgument);
+      EXPECT_FALSE(c.pending());
+      EXPECT_EQ(comm->in_flight(), 0u);
+    } else {
+      start();
+      EXPECT_TRUE(c.pending());
+      msg = error_of([&] { c.finish(); }, ErrorCode::kInvalidArgument);
+      EXPECT_FALSE(c.pending());
+    }
+    EXPECT_NE(msg.find("argument 'eps'"), std::string::npos) << msg;
+    for (float v : y) EXPECT_EQ(v, -7.f);
+  }
 }
 
 TEST(SplitPhase, FoldedDisagreementThrowsFromFinishEverywhere) {
