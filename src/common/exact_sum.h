@@ -190,15 +190,20 @@ TPNORM_HD inline Wide<2 * W> product(const Wide<W>& a, const Wide<W>& b) {
   return r;
 }
 
+/// Bits of v (0 for v == 0).
+TPNORM_HD inline int bit_length64(uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  return 64 - __clzll(static_cast<long long>(v));
+#else
+  return v ? 64 - __builtin_clzll(v) : 0;
+#endif
+}
+
 /// Bits of a >= 0 (0 for a == 0).
 template <int W>
 TPNORM_HD inline int bit_length(const Wide<W>& a) {
   for (int i = W - 1; i >= 0; --i)
-    if (a.w[i]) {
-      int b = 64;
-      while (!(a.w[i] >> (b - 1))) --b;
-      return 64 * i + b;
-    }
+    if (a.w[i]) return 64 * i + bit_length64(a.w[i]);
   return 0;
 }
 
@@ -252,22 +257,34 @@ TPNORM_HD inline uint64_t divide(Wide<W>& a, uint64_t d) {
 
 /// num / den * 2^exp2 rounded once to the nearest double (ties to even); num >= 0, den > 0.
 /// Results here stay far from double's subnormals and overflow (|exp2| < 400, num < 2^500).
+/// One 128-by-64-bit division, whatever W: with top = the 128 bits of num from its leading one
+/// (num = top * 2^k + low, 0 <= low < 2^k; k < 0 shifts num up), num / den = 2^k (q + (r +
+/// low / 2^k) / den) with q, r the quotient and remainder of top / den, and the last fraction
+/// in [0, 1), zero only when r and low are: q (>= 2^63, so >= 53 bits and a rounding bit) and
+/// whether anything is left decide the rounding.
 template <int W>
 TPNORM_HD inline double ratio(const Wide<W>& num, uint64_t den, int exp2) {
-  Wide<W + 3> a = widen<W + 3>(num);
-  const int b = bit_length(a);
+  const int b = bit_length(num);
   if (b == 0) return 0.0;
-  // At least 128 bits over a 64-bit divisor: the quotient has >= 64 bits, enough for 53 + a
-  // rounding bit, and the remainder and the bits below say whether anything is left.
-  const int s = b < 128 ? 128 - b : 0;
-  a = shifted_left(a, s);
-  const uint64_t rem = divide(a, den);
-  const int t = bit_length(a) - 53;  // >= 11
-  uint64_t mant = bits_at(a, t, 53);
-  const bool half = bits_at(a, t - 1, 1) != 0;
-  const bool rest = rem != 0 || any_below(a, t - 1);
-  if (half && (rest || (mant & 1))) ++mant;  // 2^53 after a carry is still exact in double
-  return std::ldexp(static_cast<double>(mant), t + exp2 - s);
+  const int k = b - 128;
+  u128 top;
+  bool low = false;
+  if (k >= 0) {
+    top = (static_cast<u128>(bits_at(num, k + 64, 64)) << 64) | bits_at(num, k, 64);
+    low = any_below(num, k);
+  } else {
+    top = ((static_cast<u128>(bits_at(num, 64, 64)) << 64) | bits_at(num, 0, 64)) << -k;
+  }
+  const u128 q = top / den;
+  const bool rest = top - q * den != 0 || low;
+  const int qb = (q >> 64) != 0 ? 64 + bit_length64(static_cast<uint64_t>(q >> 64))
+                                : bit_length64(static_cast<uint64_t>(q));
+  const int t = qb - 53;  // >= 11
+  uint64_t mant = static_cast<uint64_t>(q >> t);
+  const bool half = ((q >> (t - 1)) & 1) != 0;
+  const bool below = (q & ((static_cast<u128>(1) << (t - 1)) - 1)) != 0;
+  if (half && (rest || below || (mant & 1))) ++mant;  // 2^53 after a carry is still exact
+  return std::ldexp(static_cast<double>(mant), t + k + exp2);
 }
 
 /// Splits v into `limbs` int64 limbs of kLimbBits bits (all but the top one in [0, 2^52)).

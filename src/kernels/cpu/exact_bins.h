@@ -23,6 +23,7 @@
 
 #include "common/exact_sum.h"
 #include "common/half.h"
+#include "kernels/cpu/simd.h"
 
 namespace tpnorm::kernels::cpu {
 
@@ -145,7 +146,7 @@ class ExactBins {
   int64_t bad_ = 0;
 };
 
-/// One value into the wide sums directly (the slow path of exact_accumulate).
+/// One value into the wide sums directly (the slow path of ExactStream, and its tails).
 inline void exact_add_one(float v, exact::Sum1& s1, exact::Sum2* s2, int64_t& bad) {
   const uint32_t u = float_bits(v);
   const int be = static_cast<int>((u >> 23) & 0xffu);
@@ -159,109 +160,230 @@ inline void exact_add_one(float v, exact::Sum1& s1, exact::Sum2* s2, int64_t& ba
   if (s2) exact::add_shifted(*s2, mag * mag, 2 * e - 2);
 }
 
-/// Adds the exact sum of x[0, n) to s1 and, when s2 is not null, of their squares to *s2; bad
-/// values (see ExactBins) are counted in `bad` and left out. Exact, so any method gives the
-/// same integers: with AVX-512 IFMA the vector path below, otherwise ExactBins.
+/// ExactStream<kSquares>: the exact sum of float32 values fed a vector (vf, simd.h) at a time,
+/// and with kSquares the sum of their squares, into s1 / *s2; bad values are counted in `bad`
+/// and left out. The caller forms its values in registers (a row of x, or the backward's
+/// terms) and the sums happen in the same pass: no buffer, no second read.
 ///
-/// The vector path, per chunk of kChunk values: emax = the largest biased exponent, and the
-/// chunk's unit 2^(elo-150) with elo = emax - 27. A value with exponent in [elo, emax] is an
-/// integer M of units, |M| < 2^51, so d = v * 2^(150-elo) + 1.5 * 2^52 (one FMA in double) is
-/// exact and its 52 significand bits are M + 2^51: adding d's bits as int64 sums M (less a
-/// known multiple of the bias), and vpmadd52{l,h}uq add the two 52-bit halves of (M + 2^51)^2,
-/// from which sum M^2 = sum (M + 2^51)^2 - 2^52 sum M - count * 2^102 exactly. 2^10 adds a lane
-/// fit. The rare values below the window (0 < |v| < 2^(elo-127)) take exact_add_one and are
-/// zeroed in the vector; a chunk holding a bad value goes through exact_add_one whole.
+/// With AVX-512 (and IFMA for the squares) the values go into int64 lanes. A window of
+/// exponents [elo, ehi], ehi - elo = 27, fixes a unit 2^(elo-150): a value with its exponent in
+/// the window is an integer M of units, |M| < 2^51, so d = v * 2^(150-elo) + 1.5 * 2^52 (one
+/// FMA in double) is exact and its 52 significand bits are M + 2^51; adding d's bits as int64
+/// sums M (less a known multiple of the bias), and vpmadd52{l,h}uq add the two 52-bit halves
+/// of (M + 2^51)^2, from which sum M^2 = sum (M + 2^51)^2 - 2^52 sum M - count * 2^102 exactly.
+/// The window is chosen in the same pass: a vector holding a value above it flushes the lanes
+/// into the wide sums and reopens them with ehi = that value's exponent + kSlack, so ehi only
+/// grows (a stream reopens at most ~190 / (kSlack + 1) times); the first such vector opens it.
+/// Values below it (0 < |v| < 2^(elo-127): rare) and bad values take exact_add_one. A lane
+/// takes 2^10 adds between flushes. Any window gives the same integers (they are exact), so
+/// nothing depends on the order, the vector width or how a row is cut into calls.
+///
+/// Otherwise the values are buffered and summed by ExactBins: the same integers.
+#if defined(__AVX512F__) && defined(__AVX512IFMA__)
+inline constexpr bool kExactLanesSquares = true;
+#else
+inline constexpr bool kExactLanesSquares = false;
+#endif
+#if defined(__AVX512F__)
+inline constexpr bool kExactLanes = true;
+#else
+inline constexpr bool kExactLanes = false;
+#endif
+
+template <bool kSquares, bool kLanes = kSquares ? kExactLanesSquares : kExactLanes>
+class ExactStream;
+
+#if defined(__AVX512F__)
+template <bool kSquares>
+class ExactStream<kSquares, true> {
+ public:
+  ExactStream(exact::Sum1& s1, exact::Sum2* s2, int64_t& bad) : s1_(s1), s2_(s2), bad_(bad) {
+    open(0);
+  }
+  ExactStream(const ExactStream&) = delete;
+  ExactStream& operator=(const ExactStream&) = delete;
+
+  /// 16 values.
+  inline void add(vf x) {
+    __m512 v = x.v;
+    const __m512i ab = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 out =
+        _mm512_cmpgt_epu32_mask(ab, vtop_) |
+        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(ab, _mm512_set1_epi32(1)), vbelow_);
+    if (__builtin_expect(out != 0, 0)) v = outliers(v);
+    const __m512d bias = _mm512_set1_pd(6755399441055744.0);  // 1.5 * 2^52
+    // maskz_ conversions: the plain ones trip GCC 12's -Wmaybe-uninitialized false positive.
+    const __m512d lo = _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 0));
+    const __m512d hi = _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+    const __m512i d0 = _mm512_castpd_si512(_mm512_fmadd_pd(lo, scale_, bias));
+    const __m512i d1 = _mm512_castpd_si512(_mm512_fmadd_pd(hi, scale_, bias));
+    a0_ = _mm512_add_epi64(a0_, d0);
+    a1_ = _mm512_add_epi64(a1_, d1);
+    if constexpr (kSquares) {
+      l0_ = _mm512_madd52lo_epu64(l0_, d0, d0);
+      h0_ = _mm512_madd52hi_epu64(h0_, d0, d0);
+      l1_ = _mm512_madd52lo_epu64(l1_, d1, d1);
+      h1_ = _mm512_madd52hi_epu64(h1_, d1, d1);
+    }
+    if (++count_ == kMaxAdds) flush();
+  }
+  /// n < 16 values at t.
+  void add_partial(const float* t, int n) {
+    add(vf{_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), t)});
+  }
+  /// Everything added so far into the sums (call once, at the end).
+  void finish() { flush(); }
+
+ private:
+  static constexpr int kWindow = 27;          // 24 + 27 = 51 bits: |M| < 2^51
+  static constexpr int kSlack = 3;            // ehi = the exponent that opened it + kSlack
+  static constexpr uint64_t kMaxAdds = 1024;  // adds a lane takes between flushes
+  static constexpr uint64_t kBiasBits = 0x4338000000000000ULL;  // bits of 1.5 * 2^52
+
+  void open(int ehi) {
+    ehi_ = std::min(ehi, ExactBins::kExpLimit - 1);
+    elo_ = std::max(1, ehi_ - kWindow);
+    top_ = (static_cast<uint32_t>(ehi_ + 1) << 23) - 1;  // the largest |v| bits in the window
+    vtop_ = _mm512_set1_epi32(static_cast<int>(top_));
+    // 0 < |v| < 2^(elo-127)  <=>  bits(|v|) - 1 < (elo << 23) - 1 (unsigned; 0 wraps high).
+    // At elo = 1 subnormals are in the window: nothing is below it.
+    vbelow_ = _mm512_set1_epi32(elo_ > 1 ? (elo_ << 23) - 1 : 0);
+    scale_ = _mm512_set1_pd(std::ldexp(1.0, 150 - elo_));
+  }
+
+  // The lanes into the wide sums, then empty. Per lane |sum M| < 2^10 * 2^51 = 2^61, and each
+  // 52-bit half of (M + 2^51)^2 sums below 2^62; over the 16 lanes sum M^2 <= 2^116.
+  void flush() {
+    if (count_ == 0) return;
+    const __m512i cb = _mm512_set1_epi64(static_cast<int64_t>(count_ * kBiasBits));
+    alignas(64) int64_t m[8];
+    _mm512_store_si512(m, _mm512_add_epi64(_mm512_sub_epi64(a0_, cb), _mm512_sub_epi64(a1_, cb)));
+    __int128 sm = 0;
+    for (int64_t v : m) sm += v;
+    add_wide(s1_, static_cast<exact::u128>(sm), elo_ - 1, sm < 0);
+    if constexpr (kSquares) {
+      alignas(64) uint64_t l[8], h[8];
+      _mm512_store_si512(l, _mm512_add_epi64(l0_, l1_));
+      _mm512_store_si512(h, _mm512_add_epi64(h0_, h1_));
+      exact::u128 sl = 0, sh = 0;
+      for (int i = 0; i < 8; ++i) sl += l[i], sh += h[i];
+      // Modulo 2^128: exact, since the result lies in [0, 2^116].
+      const exact::u128 sq = sl + (sh << 52) - (static_cast<exact::u128>(sm) << 52) -
+                             (static_cast<exact::u128>(16 * count_) << 102);
+      add_wide(*s2_, sq, 2 * elo_ - 2, false);
+    }
+    a0_ = a1_ = l0_ = l1_ = h0_ = h1_ = _mm512_setzero_si512();
+    count_ = 0;
+  }
+
+  // s += v * 2^shift, v a 128-bit two's-complement value (negative when `negative`).
+  template <int W>
+  static void add_wide(exact::Wide<W>& s, exact::u128 v, int shift, bool negative) {
+    exact::Wide<W> t;
+    t.w[0] = static_cast<uint64_t>(v);
+    t.w[1] = static_cast<uint64_t>(v >> 64);
+    for (int i = 2; i < W; ++i) t.w[i] = negative ? ~uint64_t{0} : 0;
+    exact::add(s, exact::shifted_left(t, shift));
+  }
+
+  // A vector with lanes outside the window: bad lanes counted and zeroed, the window reopened
+  // above the largest lane, lanes below it through exact_add_one and zeroed.
+  __attribute__((noinline)) __m512 outliers(__m512 v) {
+    alignas(64) float t[16];
+    _mm512_store_ps(t, v);
+    uint32_t need = 0;
+    for (float& x : t) {
+      const uint32_t u = float_bits(x) & 0x7fffffffu;
+      if (u >= static_cast<uint32_t>(ExactBins::kExpLimit) << 23) {
+        ++bad_;
+        x = 0.0f;
+      } else if (u > top_) {
+        need = std::max(need, u);
+      }
+    }
+    if (need) {
+      flush();
+      open(static_cast<int>(need >> 23) + kSlack);
+    }
+    const uint32_t low = elo_ > 1 ? static_cast<uint32_t>(elo_) << 23 : 0;
+    for (float& x : t) {
+      const uint32_t u = float_bits(x) & 0x7fffffffu;
+      if (u != 0 && u < low) {
+        exact_add_one(x, s1_, s2_, bad_);
+        x = 0.0f;
+      }
+    }
+    return _mm512_load_ps(t);
+  }
+
+  int ehi_ = 0, elo_ = 1;
+  uint32_t top_ = 0;
+  uint64_t count_ = 0;
+  __m512i vtop_, vbelow_;
+  __m512d scale_;
+  __m512i a0_ = _mm512_setzero_si512(), a1_ = a0_, l0_ = a0_, l1_ = a0_, h0_ = a0_, h1_ = a0_;
+  exact::Sum1& s1_;
+  exact::Sum2* s2_;
+  int64_t& bad_;
+};
+#endif
+
+template <bool kSquares>
+class ExactStream<kSquares, false> {
+ public:
+  ExactStream(exact::Sum1& s1, exact::Sum2* s2, int64_t& bad) : s1_(s1), s2_(s2), bad_(bad) {}
+  ExactStream(const ExactStream&) = delete;
+  ExactStream& operator=(const ExactStream&) = delete;
+
+  void add(vf v) {
+    vstore(buf_ + n_, v);
+    if ((n_ += vf::L) + vf::L > kBuffer) flush();
+  }
+  void add_partial(const float* t, int n) {
+    for (int l = 0; l < n; ++l) buf_[n_ + l] = t[l];
+    if ((n_ += n) + vf::L > kBuffer) flush();
+  }
+  void finish() { flush(); }
+
+ private:
+  static constexpr int64_t kBuffer = 2048;
+  void flush() {
+    if (n_ == 0) return;
+    ExactBins bins;
+    if (kSquares) {
+      bins.add_values_and_squares(n_, [&](int64_t j) { return buf_[j]; });
+      exact::add(*s2_, bins.sum_of_squares());
+    } else {
+      bins.add_pairs(n_, [&](int64_t j) { return std::pair<float, float>{buf_[j], 0.0f}; });
+    }
+    exact::add(s1_, bins.sum());
+    bad_ += bins.bad();
+    n_ = 0;
+  }
+  alignas(64) float buf_[kBuffer];
+  int64_t n_ = 0;
+  exact::Sum1& s1_;
+  exact::Sum2* s2_;
+  int64_t& bad_;
+};
+
+/// Adds the exact sum of x[0, n) to s1 and, when s2 is not null, of their squares to *s2; bad
+/// values (see ExactBins) are counted in `bad` and left out.
 inline void exact_accumulate(const float* x, int64_t n, exact::Sum1& s1, exact::Sum2* s2,
                              int64_t& bad) {
-#if defined(__AVX512F__) && defined(__AVX512IFMA__)
-  constexpr int64_t kChunk = int64_t{1} << 14;  // 2^10 adds in each of 2 x 8 lanes
-  constexpr int kWindow = 27;                   // 24 + 27 = 51 bits: |M| < 2^51
-  constexpr double kBias = 6755399441055744.0;  // 1.5 * 2^52
-  constexpr uint64_t kBiasBits = 0x4338000000000000ULL;
-  const __m512d bias = _mm512_set1_pd(kBias);
-  const __m512i abs32 = _mm512_set1_epi32(0x7fffffff), one32 = _mm512_set1_epi32(1);
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t j1 = j0 + kChunk < n ? j0 + kChunk : n;
-    // The largest |v| as bits: NaN and inf compare above every finite value.
-    __m512i mx = _mm512_setzero_si512();
-    int64_t j = j0;
-    for (; j + 16 <= j1; j += 16)
-      mx = _mm512_maskz_max_epu32(0xffff, mx, _mm512_and_si512(_mm512_loadu_si512(x + j), abs32));
-    alignas(64) uint32_t lanes[16];  // through memory: GCC 12 warns on in-register extraction
-    _mm512_store_si512(lanes, mx);
-    uint32_t top = 0;
-    for (uint32_t t : lanes) top = std::max(top, t);
-    for (; j < j1; ++j) top = std::max(top, float_bits(x[j]) & 0x7fffffffu);
-    const int emax = static_cast<int>(top >> 23);
-    if (emax >= ExactBins::kExpLimit) {
-      for (j = j0; j < j1; ++j) exact_add_one(x[j], s1, s2, bad);
-      continue;
-    }
-    const int elo = std::max(1, emax - kWindow);
-    const __m512d scale = _mm512_set1_pd(std::ldexp(1.0, 150 - elo));
-    // 0 < |v| < 2^(elo-127)  <=>  bits(|v|) - 1 < (elo << 23) - 1 (unsigned; 0 wraps high).
-    const __m512i below = _mm512_set1_epi32((elo << 23) - 1);
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, l0 = a0, l1 = a0, h0 = a0, h1 = a0;
-    uint64_t count = 0;  // adds in every lane
-    for (j = j0; j + 16 <= j1; j += 16, ++count) {
-      const __m512i ab = _mm512_and_si512(_mm512_loadu_si512(x + j), abs32);
-      const __mmask16 slow = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(ab, one32), below);
-      __m256 v0 = _mm256_loadu_ps(x + j), v1 = _mm256_loadu_ps(x + j + 8);
-      if (slow) {
-        alignas(32) float t[16];
-        for (int l = 0; l < 16; ++l) {
-          t[l] = x[j + l];
-          if (slow >> l & 1) exact_add_one(t[l], s1, s2, bad), t[l] = 0.0f;
-        }
-        v0 = _mm256_load_ps(t);
-        v1 = _mm256_load_ps(t + 8);
-      }
-      // maskz_ conversions: the plain ones trip GCC 12's -Wmaybe-uninitialized false positive.
-      const __m512i d0 =
-          _mm512_castpd_si512(_mm512_fmadd_pd(_mm512_maskz_cvtps_pd(0xff, v0), scale, bias));
-      const __m512i d1 =
-          _mm512_castpd_si512(_mm512_fmadd_pd(_mm512_maskz_cvtps_pd(0xff, v1), scale, bias));
-      a0 = _mm512_add_epi64(a0, d0);
-      a1 = _mm512_add_epi64(a1, d1);
-      if (s2) {
-        l0 = _mm512_madd52lo_epu64(l0, d0, d0);
-        h0 = _mm512_madd52hi_epu64(h0, d0, d0);
-        l1 = _mm512_madd52lo_epu64(l1, d1, d1);
-        h1 = _mm512_madd52hi_epu64(h1, d1, d1);
-      }
-    }
-    for (; j < j1; ++j) exact_add_one(x[j], s1, s2, bad);
-    alignas(64) uint64_t sa[16], sl[16], sh[16];
-    _mm512_store_si512(sa, a0);
-    _mm512_store_si512(sa + 8, a1);
-    _mm512_store_si512(sl, l0);
-    _mm512_store_si512(sl + 8, l1);
-    _mm512_store_si512(sh, h0);
-    _mm512_store_si512(sh + 8, h1);
-    exact::Wide<4> sq;  // sum M^2 over the chunk's lanes
-    for (int l = 0; l < 16; ++l) {
-      const auto m = static_cast<int64_t>(sa[l] - count * kBiasBits);  // sum M, |.| < 2^61
-      exact::add_shifted(s1, m, elo - 1);
-      if (s2) {
-        exact::add_shifted_unsigned(sq, sl[l], 0);
-        exact::add_shifted_unsigned(sq, sh[l], 52);
-        exact::add_shifted(sq, -m, 52);
-        exact::add_shifted(sq, -static_cast<int64_t>(count), 102);
-      }
-    }
-    if (s2) exact::add_shifted_wide(*s2, sq, 2 * elo - 2);
-  }
-#else
-  ExactBins bins;
+  auto run = [&](auto& stream) {
+    int64_t j = 0;
+    for (; j + vf::L <= n; j += vf::L) stream.add(vload(x + j));
+    if (j < n) stream.add_partial(x + j, static_cast<int>(n - j));
+    stream.finish();
+  };
   if (s2) {
-    bins.add_values_and_squares(n, [&](int64_t j) { return x[j]; });
-    exact::add(*s2, bins.sum_of_squares());
+    ExactStream<true> stream(s1, s2, bad);
+    run(stream);
   } else {
-    bins.add_pairs(n, [&](int64_t j) { return std::pair<float, float>{x[j], 0.0f}; });
+    ExactStream<false> stream(s1, nullptr, bad);
+    run(stream);
   }
-  exact::add(s1, bins.sum());
-  bad += bins.bad();
-#endif
 }
 
 }  // namespace tpnorm::kernels::cpu

@@ -1,10 +1,10 @@
 // exact_rows.cpp — CPU kernels of Stats::kExact for row norms; see exact_rows.h.
 //
-// A row is summed in pieces of kPiece values through exact_accumulate (kernels/cpu/
-// exact_bins.h): fp16/bf16 rows and the backward's terms g and g*xhat are first formed as
-// float32 in a small buffer (the terms with the vector formula of every rank, so the integers
-// do not depend on where a column sits). The sums are exact, so the pieces, the vector width
-// and the thread count change nothing.
+// A row is summed in one pass through an ExactStream (kernels/cpu/exact_bins.h): the values
+// (x, or the backward's terms g and g*xhat, formed with the vector formula of every rank so the
+// integers do not depend on where a column sits) go from registers into the exact sums, with
+// the inputs prefetched ahead as the robust kernels do. The sums are exact, so the vector
+// width, the tails and the thread count change nothing.
 #include "kernels/cpu/exact_rows.h"
 
 #include <omp.h>
@@ -23,54 +23,81 @@
 namespace tpnorm::kernels::cpu {
 namespace {
 
-constexpr int64_t kPiece = 2048;  // float32 values formed at a time (8 KiB a buffer)
-
 struct RowSums {
   exact::Sum1 s1, t1;  // sum x (forward) or sum g (backward); sum g*xhat (backward)
   exact::Sum2 s2;      // sum x^2 (forward)
   int64_t bad = 0;
 };
 
-// A row's sums: sum x and sum x^2 (forward) of h values.
-template <class T>
-RowSums forward_row_sums(const T* xr, int64_t h) {
-  RowSums s;
-  if constexpr (std::is_same_v<T, float>) {
-    exact_accumulate(xr, h, s.s1, &s.s2, s.bad);
-  } else {
-    alignas(64) float buf[kPiece];
-    for (int64_t j0 = 0; j0 < h; j0 += kPiece) {
-      const int64_t n = std::min(kPiece, h - j0);
-      for (int64_t j = 0; j < n; ++j) buf[j] = to_float(xr[j0 + j]);
-      exact_accumulate(buf, n, s.s1, &s.s2, s.bad);
+// Runs f(j, vf{}) over the vectors of a row of h values and f(j, n) over its tail of n < vf::L,
+// prefetching the inputs p1, p2 kAheadBytes ahead while that stays inside `room` elements from
+// the row's start (the partial kernels pass the rest of the tensor; the one-rank path the row,
+// whose next row the apply loop prefetches).
+template <class T, class U, class F>
+inline void row_vectors(int64_t h, int64_t room, const T* p1, const U* p2, F f) {
+  const int64_t d = kAheadBytes / static_cast<int64_t>(sizeof(T));
+  int64_t j = 0;
+  for (; j + vf::L <= h; j += vf::L) {
+    if (j + d < room) {
+      __builtin_prefetch(p1 + j + d, 0, 2);
+      if (p2) __builtin_prefetch(p2 + j + d, 0, 2);
     }
+    f(j, vf{});
   }
+  if (j < h) f(j, static_cast<int>(h - j));
+}
+
+// A row's sums: sum x and sum x^2 (forward) of h values, in one pass.
+template <class T>
+RowSums forward_row_sums(const T* xr, int64_t h, int64_t room) {
+  RowSums s;
+  ExactStream<true> sums(s.s1, &s.s2, s.bad);
+  row_vectors(h, room, xr, static_cast<const T*>(nullptr), [&](int64_t j, auto tail) {
+    if constexpr (std::is_same_v<decltype(tail), vf>) {
+      sums.add(load_as<vf>(xr + j));
+    } else {
+      float t[vf::L];
+      for (int l = 0; l < tail; ++l) t[l] = to_float(xr[j + l]);
+      sums.add_partial(t, tail);
+    }
+  });
+  sums.finish();
   return s;
 }
 
 // A row's backward sums: sum g (centred) and sum g*xhat, with the terms formed as the apply
-// kernels form them: xhat = ((x - mh) - mt) * rs, g = dy * gamma.
+// kernels form them: xhat = ((x - mh) - mt) * rs, g = dy * gamma (lane-wise; no contraction, so
+// a tail element gets the bits it would get in a vector), summed in the same pass.
 template <class T, class P>
 RowSums backward_row_sums(bool centered, const T* dyr, const T* xr, const P* gamma, float mh,
-                          float mt, float rs, int64_t h) {
+                          float mt, float rs, int64_t h, int64_t room) {
   RowSums s;
-  alignas(64) float g[kPiece], gx[kPiece];
-  for (int64_t j0 = 0; j0 < h; j0 += kPiece) {
-    const int64_t n = std::min(kPiece, h - j0);
-    auto terms = [&](int64_t j, auto tag) {
-      using V = decltype(tag);
-      const V xhat = ((load_as<V>(xr + j0 + j) - splat<V>(mh)) - splat<V>(mt)) * splat<V>(rs);
-      const V d = load_as<V>(dyr + j0 + j);
-      const V gg = gamma ? d * load_as<V>(gamma + j0 + j) : d;
-      store_as(g + j, gg);
-      store_as(gx + j, gg * xhat);
-    };
-    int64_t j = 0;
-    for (; j + vf::L <= n; j += vf::L) terms(j, vf{});
-    for (; j < n; ++j) terms(j, 0.0f);
-    if (centered) exact_accumulate(g, n, s.s1, nullptr, s.bad);
-    exact_accumulate(gx, n, s.t1, nullptr, s.bad);
-  }
+  ExactStream<false> sg(s.s1, nullptr, s.bad), sgx(s.t1, nullptr, s.bad);
+  auto terms = [&](int64_t j, auto tag) {
+    using V = decltype(tag);
+    const V xhat = ((load_as<V>(xr + j) - splat<V>(mh)) - splat<V>(mt)) * splat<V>(rs);
+    const V d = load_as<V>(dyr + j);
+    const V g = gamma ? d * load_as<V>(gamma + j) : d;
+    return Two<V>{g, g * xhat};
+  };
+  row_vectors(h, room, xr, dyr, [&](int64_t j, auto tail) {
+    if constexpr (std::is_same_v<decltype(tail), vf>) {
+      const Two<vf> t = terms(j, vf{});
+      if (centered) sg.add(t.a);
+      sgx.add(t.b);
+    } else {
+      float g[vf::L], gx[vf::L];
+      for (int l = 0; l < tail; ++l) {
+        const Two<float> t = terms(j + l, 0.0f);
+        g[l] = t.a;
+        gx[l] = t.b;
+      }
+      if (centered) sg.add_partial(g, tail);
+      sgx.add_partial(gx, tail);
+    }
+  });
+  sg.finish();
+  sgx.finish();
   return s;
 }
 
@@ -107,7 +134,7 @@ void row_exact_partial_forward(const RowNormArgs& a, const T* x, int64_t* limbs)
   const int k = exact_row_limbs(a.centered, true);
 #pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) {
-    const RowSums s = forward_row_sums(x + r * a.h, a.h);
+    const RowSums s = forward_row_sums(x + r * a.h, a.h, (a.rows - r) * a.h);
     int64_t* out = limbs + r * k;
     out[0] = s.bad;
     if (a.centered) exact::pack(s.s1, out + 1, exact::kLimbs1);
@@ -124,7 +151,7 @@ void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, c
     float mh = 0, mt = 0;
     if (a.centered) split_mean(mean[r], mh, mt);
     const RowSums s = backward_row_sums(a.centered, dy + r * a.h, x + r * a.h, gamma, mh, mt,
-                                        static_cast<float>(rstd[r]), a.h);
+                                        static_cast<float>(rstd[r]), a.h, (a.rows - r) * a.h);
     int64_t* out = limbs + r * k;
     out[0] = s.bad;
     if (a.centered) exact::pack(s.s1, out + 1, exact::kLimbs1);
@@ -134,14 +161,14 @@ void row_exact_partial_backward(const RowNormArgs& a, const T* dy, const T* x, c
 
 template <class T>
 void exact_row_final_forward(bool centered, const T* xr, int64_t h, double* st) {
-  const RowSums s = forward_row_sums(xr, h);
+  const RowSums s = forward_row_sums(xr, h, h);
   finish_row(centered, true, s.bad, s.s1, s.s2, s.t1, static_cast<uint64_t>(h), st);
 }
 
 template <class T, class P>
 void exact_row_final_backward(bool centered, const T* dyr, const T* xr, const P* gamma, float mh,
                               float mt, float rs, int64_t h, double* st) {
-  const RowSums s = backward_row_sums(centered, dyr, xr, gamma, mh, mt, rs, h);
+  const RowSums s = backward_row_sums(centered, dyr, xr, gamma, mh, mt, rs, h, h);
   finish_row(centered, false, s.bad, s.s1, s.s2, s.t1, static_cast<uint64_t>(h), st);
 }
 
