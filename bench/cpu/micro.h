@@ -3,7 +3,8 @@
 // An op file calls add_op() at static-initialisation time for each (op, pass, shape); the
 // harness (micro_main.cpp) registers it at 1 and 2 threads, registers the memory limit for the
 // same byte count (memcpy and a streaming-store copy, same threads), runs everything with
-// Google Benchmark and prints a table of median bytes/s against the faster copy.
+// Google Benchmark and prints a table of median bytes/s against the faster copy. add_mode_pair()
+// registers an op's two statistics modes timed against each other (a second table).
 //
 // Bytes are the op's minimum traffic: forward reads x and writes y, backward reads x and dy and
 // writes dx (parameters and per-row statistics are negligible and not counted).
@@ -23,6 +24,20 @@ using Call = std::function<void(int threads)>;
 /// registration, so only one case's tensors are alive at a time) and returns the call.
 void add_op(const std::string& op, const std::string& pass, const std::string& shape, int64_t bytes,
             std::function<Call()> make);
+
+/// One op in Stats::kRobust and in Stats::kExact on the same buffers, for the exact-vs-robust
+/// table: `bytes_sent` reads the payload counter of the communicator both calls use.
+struct ModePair {
+  Call robust, exact;
+  std::function<uint64_t()> bytes_sent;
+};
+
+/// [in] make: as for add_op, once per benchmark. The harness times the two calls alternately,
+/// call by call, in the same benchmark (so both see the same load), at 1 and 2 threads, and
+/// reports each mode's median bytes/s, the median of the per-pair ratios exact / robust, and
+/// each mode's payload bytes per call.
+void add_mode_pair(const std::string& op, const std::string& pass, const std::string& shape,
+                   int64_t bytes, std::function<ModePair()> make);
 
 /// Registers from a namespace-scope initialiser: `static const bool r = tpnorm_perf::on_load(f);`
 inline bool on_load(void (*f)()) {

@@ -4,9 +4,16 @@
 // (stream_copy.h) moving the same bytes (half read, half written) with the same
 // thread count, measured in the same run. The table uses each benchmark's median over the
 // repetitions (--benchmark_repetitions), or its only run without repetitions.
+//
+// Mode pairs (add_mode_pair): the two statistics modes of an op in ONE benchmark, called
+// alternately (robust, exact, then exact, robust, ...) and each call timed by itself, so that
+// load from other processes falls on both alike; the ratio is the median over pairs of
+// t_robust / t_exact, per repetition, then the median over repetitions like everything else.
 #include <benchmark/benchmark.h>
 #include <omp.h>
+#include <time.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,10 +38,24 @@ std::vector<Case>& cases() {
   return c;
 }
 
+struct PairCase {
+  std::string op, pass, shape;
+  int64_t bytes;
+  std::function<ModePair()> make;
+};
+std::vector<PairCase>& pair_cases() {
+  static std::vector<PairCase> c;
+  return c;
+}
+
 constexpr int kThreads[] = {1, 2};
+constexpr int kPairsPerIteration = 5;  // so that even one iteration gives a median
 
 std::string case_name(const Case& c, int t) {
   return c.op + "/" + c.pass + "/" + c.shape + "/threads:" + std::to_string(t);
+}
+std::string pair_name(const PairCase& c, int t) {
+  return c.op + "/" + c.pass + "/" + c.shape + "/exact-vs-robust/threads:" + std::to_string(t);
 }
 std::string limit_name(const char* kind, int64_t bytes, int t) {
   return std::string("limit/") + kind + "/" + std::to_string(bytes >> 20) +
@@ -80,7 +101,59 @@ void clock(int threads, benchmark::internal::Benchmark* b) {
   if (threads > 1) b->UseRealTime();
 }
 
+// The clock of a thread count, as clock() below: one thread's CPU time, else the wall clock.
+double seconds(int threads) {
+  timespec ts;
+  clock_gettime(threads > 1 ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void pair_bench(benchmark::State& st, const PairCase& c, int threads) {
+  const ModePair m = c.make();
+  // Warm-up (first touch of the output pages), and one call's payload in each mode.
+  const uint64_t b0 = m.bytes_sent();
+  m.robust(threads);
+  const uint64_t b1 = m.bytes_sent();
+  m.exact(threads);
+  const uint64_t b2 = m.bytes_sent();
+  std::vector<double> tr, te, ratio;
+  for (auto _ : st) {
+    for (int i = 0; i < kPairsPerIteration; ++i) {
+      const bool exact_first = ratio.size() % 2 == 1;  // neither mode always runs second
+      const Call& first = exact_first ? m.exact : m.robust;
+      const Call& second = exact_first ? m.robust : m.exact;
+      const double t0 = seconds(threads);
+      first(threads);
+      const double t1 = seconds(threads);
+      second(threads);
+      const double t2 = seconds(threads);
+      const double r = exact_first ? t2 - t1 : t1 - t0, e = exact_first ? t1 - t0 : t2 - t1;
+      tr.push_back(r);
+      te.push_back(e);
+      ratio.push_back(r / e);
+    }
+  }
+  const double bytes = static_cast<double>(c.bytes);
+  st.counters["robust_GBps"] = bytes / median(tr) / 1e9;
+  st.counters["exact_GBps"] = bytes / median(te) / 1e9;
+  st.counters["exact_over_robust"] = median(ratio);
+  st.counters["robust_B"] = static_cast<double>(b1 - b0);
+  st.counters["exact_B"] = static_cast<double>(b2 - b1);
+}
+
 void register_all() {
+  for (const PairCase& c : pair_cases())
+    for (int t : kThreads)
+      benchmark::RegisterBenchmark(pair_name(c, t).c_str(),
+                                   [c, t](benchmark::State& st) { pair_bench(st, c, t); })
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
   std::set<std::pair<int64_t, int>> limits;
   for (const Case& c : cases()) {
     for (int t : kThreads) {
@@ -99,10 +172,12 @@ void register_all() {
   }
 }
 
-// Keeps each benchmark's median bytes/s while the console reporter prints as usual.
+// Keeps each benchmark's median bytes/s (and a mode pair's median counters) while the console
+// reporter prints as usual.
 class Collect : public benchmark::ConsoleReporter {
  public:
   std::map<std::string, double> gbps;
+  std::map<std::string, std::map<std::string, double>> pairs;
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
       const bool median = r.aggregate_name == "median";
@@ -111,6 +186,11 @@ class Collect : public benchmark::ConsoleReporter {
       if (name.size() > suffix.size() &&
           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
         name.resize(name.size() - suffix.size());
+      if (r.counters.count("exact_over_robust")) {
+        if (median || (r.aggregate_name.empty() && !pairs.count(name)))
+          for (const auto& [k, v] : r.counters) pairs[name][k] = v.value;
+        continue;
+      }
       auto it = r.counters.find("bytes_per_second");
       if (it == r.counters.end()) continue;
       if (median || (r.aggregate_name.empty() && !gbps.count(name)))
@@ -154,11 +234,41 @@ void print_table(const std::map<std::string, double>& m) {
       "op2/1, copy2/1: 2 threads over 1 for the op and for the memory limit.\n");
 }
 
+void print_pairs(const std::map<std::string, std::map<std::string, double>>& m) {
+  if (m.empty()) return;
+  std::printf("\n%-10s %-9s %-11s %3s %7s %7s %7s %12s %12s %6s\n", "op", "pass", "shape", "thr",
+              "robust", "exact", "exact/", "payload B/call", "exact", "x");
+  std::printf("%-10s %-9s %-11s %3s %7s %7s %7s %12s %12s %6s\n", "", "", "", "", "GB/s", "GB/s",
+              "robust", "robust", "", "");
+  for (const PairCase& c : pair_cases()) {
+    for (int t : kThreads) {
+      auto it = m.find(pair_name(c, t));
+      if (it == m.end()) continue;  // filtered out
+      std::map<std::string, double> v = it->second;
+      std::printf("%-10s %-9s %-11s %3d %7.1f %7.1f %6.0f%% %12.0f %12.0f %5.1fx\n", c.op.c_str(),
+                  c.pass.c_str(), c.shape.c_str(), t, v["robust_GBps"], v["exact_GBps"],
+                  100 * v["exact_over_robust"], v["robust_B"], v["exact_B"],
+                  v["robust_B"] > 0 ? v["exact_B"] / v["robust_B"] : 0.0);
+    }
+  }
+  std::printf(
+      "Stats::kExact against Stats::kRobust: both modes of the op called alternately in one "
+      "benchmark, each call timed (1 thread: CPU time, 2: wall).\nGB/s: median over the calls; "
+      "exact/robust: median over the pairs of t_robust / t_exact; both then the median over "
+      "repetitions.\npayload B/call: the bytes the op's collective carries (its communicator's "
+      "counter), x = exact / robust.\n");
+}
+
 }  // namespace
 
 void add_op(const std::string& op, const std::string& pass, const std::string& shape, int64_t bytes,
             std::function<Call()> make) {
   cases().push_back({op, pass, shape, bytes, std::move(make)});
+}
+
+void add_mode_pair(const std::string& op, const std::string& pass, const std::string& shape,
+                   int64_t bytes, std::function<ModePair()> make) {
+  pair_cases().push_back({op, pass, shape, bytes, std::move(make)});
 }
 
 }  // namespace tpnorm_perf
@@ -170,6 +280,7 @@ int main(int argc, char** argv) {
   tpnorm_perf::Collect rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   tpnorm_perf::print_table(rep.gbps);
+  tpnorm_perf::print_pairs(rep.pairs);
   benchmark::Shutdown();
   return 0;
 }

@@ -1,6 +1,6 @@
 // micro_row_norm.cpp — LayerNorm and RMSNorm, forward and backward, through the public ops on a
 // single-process communicator (so the numbers include validation and the one PackedCall).
-// "LayerNorm-exact" / "RMSNorm-exact": the same calls in Stats::kExact (robust otherwise).
+// add_row_norm_modes: the same calls in Stats::kRobust against Stats::kExact (micro.h).
 #include <memory>
 #include <vector>
 
@@ -14,10 +14,9 @@ using tpnorm::view;
 
 struct Buffers {
   int64_t rows, h;
-  tpnorm::Stats stats = tpnorm::Stats::kRobust;
   std::vector<float> x, dy, out, gamma, beta, dgamma, dbeta, mean, rstd;
   std::unique_ptr<tpnorm::Communicator> comm = tpnorm::make_single_communicator();
-  Buffers(int64_t r, int64_t c)
+  Buffers(int64_t r, int64_t c, bool backward)
       : rows(r),
         h(c),
         out(r * c),
@@ -25,56 +24,77 @@ struct Buffers {
         beta(c, 0.5f),
         dgamma(c),
         dbeta(c),
-        mean(r),
-        rstd(r) {
+        mean(r, backward ? 3.5f : 0.0f),
+        rstd(r, backward ? 3.4f : 0.0f) {
     tpnorm_perf::fill_inputs(r * c, x, dy);
   }
   Shape xs() const { return Shape{rows, h}; }
-  tpnorm::NormOptions opt(int threads) const {
+  static tpnorm::NormOptions opt(int threads, tpnorm::Stats stats) {
     tpnorm::NormOptions o;
     o.num_threads = threads;
     o.stats = stats;
     return o;
   }
+
+  void forward(bool centered, int t, tpnorm::Stats stats) {
+    const Shape s = xs(), hs{h}, rs{rows};
+    if (centered)
+      tpnorm::layer_norm_forward(*comm, view(x.data(), s), view(gamma.data(), hs),
+                                 view(beta.data(), hs), view(out.data(), s), view(mean.data(), rs),
+                                 view(rstd.data(), rs), opt(t, stats));
+    else
+      tpnorm::rms_norm_forward(*comm, view(x.data(), s), view(gamma.data(), hs),
+                               view(out.data(), s), view(rstd.data(), rs), opt(t, stats));
+  }
+  void backward(bool centered, int t, tpnorm::Stats stats) {
+    const Shape s = xs(), hs{h}, rs{rows};
+    if (centered)
+      tpnorm::layer_norm_backward(*comm, view(dy.data(), s), view(x.data(), s),
+                                  view(gamma.data(), hs), view(mean.data(), rs),
+                                  view(rstd.data(), rs), view(out.data(), s),
+                                  view(dgamma.data(), hs), view(dbeta.data(), hs), opt(t, stats));
+    else
+      tpnorm::rms_norm_backward(*comm, view(dy.data(), s), view(x.data(), s),
+                                view(gamma.data(), hs), view(rstd.data(), rs), view(out.data(), s),
+                                view(dgamma.data(), hs), opt(t, stats));
+  }
+  void pass(bool backward, bool centered, int t, tpnorm::Stats stats) {
+    backward ? this->backward(centered, t, stats) : forward(centered, t, stats);
+  }
 };
 
-void add_row_norm(bool centered, int64_t rows, int64_t h,
-                  tpnorm::Stats stats = tpnorm::Stats::kRobust) {
-  const std::string op = std::string(centered ? "LayerNorm" : "RMSNorm") +
-                         (stats == tpnorm::Stats::kExact ? "-exact" : "");
+const char* op_name(bool centered) { return centered ? "LayerNorm" : "RMSNorm"; }
+// Forward reads x and writes y; backward reads x and dy and writes dx.
+int64_t traffic(bool backward, int64_t rows, int64_t h) {
+  return (backward ? 3 : 2) * rows * h * static_cast<int64_t>(sizeof(float));
+}
+
+void add_row_norm(bool centered, int64_t rows, int64_t h) {
   const std::string shape = std::to_string(rows) + "x" + std::to_string(h);
-  const int64_t n = rows * h * static_cast<int64_t>(sizeof(float));
-  tpnorm_perf::add_op(op, "forward", shape, 2 * n, [=]() -> tpnorm_perf::Call {
-    auto b = std::make_shared<Buffers>(rows, h);
-    b->stats = stats;
-    return [b, centered](int t) {
-      const Shape s = b->xs(), hs{b->h}, rs{b->rows};
-      if (centered)
-        tpnorm::layer_norm_forward(*b->comm, view(b->x.data(), s), view(b->gamma.data(), hs),
-                                   view(b->beta.data(), hs), view(b->out.data(), s),
-                                   view(b->mean.data(), rs), view(b->rstd.data(), rs), b->opt(t));
-      else
-        tpnorm::rms_norm_forward(*b->comm, view(b->x.data(), s), view(b->gamma.data(), hs),
-                                 view(b->out.data(), s), view(b->rstd.data(), rs), b->opt(t));
-    };
-  });
-  tpnorm_perf::add_op(op, "backward", shape, 3 * n, [=]() -> tpnorm_perf::Call {
-    auto b = std::make_shared<Buffers>(rows, h);
-    b->stats = stats;
-    for (int64_t r = 0; r < rows; ++r) b->mean[r] = 3.5f, b->rstd[r] = 3.4f;
-    return [b, centered](int t) {
-      const Shape s = b->xs(), hs{b->h}, rs{b->rows};
-      if (centered)
-        tpnorm::layer_norm_backward(
-            *b->comm, view(b->dy.data(), s), view(b->x.data(), s), view(b->gamma.data(), hs),
-            view(b->mean.data(), rs), view(b->rstd.data(), rs), view(b->out.data(), s),
-            view(b->dgamma.data(), hs), view(b->dbeta.data(), hs), b->opt(t));
-      else
-        tpnorm::rms_norm_backward(*b->comm, view(b->dy.data(), s), view(b->x.data(), s),
-                                  view(b->gamma.data(), hs), view(b->rstd.data(), rs),
-                                  view(b->out.data(), s), view(b->dgamma.data(), hs), b->opt(t));
-    };
-  });
+  for (bool backward : {false, true})
+    tpnorm_perf::add_op(op_name(centered), backward ? "backward" : "forward", shape,
+                        traffic(backward, rows, h), [=]() -> tpnorm_perf::Call {
+                          auto b = std::make_shared<Buffers>(rows, h, backward);
+                          return [b, backward, centered](int t) {
+                            b->pass(backward, centered, t, tpnorm::Stats::kRobust);
+                          };
+                        });
+}
+
+// The op in both modes (the exact-vs-robust table).
+void add_row_norm_modes(bool centered, int64_t rows, int64_t h) {
+  const std::string shape = std::to_string(rows) + "x" + std::to_string(h);
+  for (bool backward : {false, true})
+    tpnorm_perf::add_mode_pair(
+        op_name(centered), backward ? "backward" : "forward", shape, traffic(backward, rows, h),
+        [=]() -> tpnorm_perf::ModePair {
+          auto b = std::make_shared<Buffers>(rows, h, backward);
+          auto call = [b, backward, centered](tpnorm::Stats stats) -> tpnorm_perf::Call {
+            return [=](int t) { b->pass(backward, centered, t, stats); };
+          };
+          return {call(tpnorm::Stats::kRobust), call(tpnorm::Stats::kExact),
+                  [b] { return b->comm->counters().bytes_sent; }};
+        });
 }
 
 void register_all() {
@@ -82,8 +102,8 @@ void register_all() {
     add_row_norm(centered, 16384, 4096);
     add_row_norm(centered, 65536, 1024);
     add_row_norm(centered, 4096, 512);
-    add_row_norm(centered, 16384, 4096, tpnorm::Stats::kExact);
-    add_row_norm(centered, 4096, 512, tpnorm::Stats::kExact);
+    add_row_norm_modes(centered, 16384, 4096);
+    add_row_norm_modes(centered, 4096, 512);
   }
 }
 const bool registered = tpnorm_perf::on_load(register_all);

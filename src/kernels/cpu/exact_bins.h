@@ -288,7 +288,7 @@ class ExactStream<kSquares, true> {
 
   // A vector with lanes outside the window: bad lanes counted and zeroed, the window reopened
   // above the largest lane, lanes below it through exact_add_one and zeroed.
-  __attribute__((noinline)) __m512 outliers(__m512 v) {
+  __m512 outliers(__m512 v) {
     alignas(64) float t[16];
     _mm512_store_ps(t, v);
     uint32_t need = 0;
