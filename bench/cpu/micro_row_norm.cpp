@@ -85,16 +85,16 @@ void add_row_norm(bool centered, int64_t rows, int64_t h) {
 void add_row_norm_modes(bool centered, int64_t rows, int64_t h) {
   const std::string shape = std::to_string(rows) + "x" + std::to_string(h);
   for (bool backward : {false, true})
-    tpnorm_perf::add_mode_pair(
-        op_name(centered), backward ? "backward" : "forward", shape, traffic(backward, rows, h),
-        [=]() -> tpnorm_perf::ModePair {
-          auto b = std::make_shared<Buffers>(rows, h, backward);
-          auto call = [b, backward, centered](tpnorm::Stats stats) -> tpnorm_perf::Call {
-            return [=](int t) { b->pass(backward, centered, t, stats); };
-          };
-          return {call(tpnorm::Stats::kRobust), call(tpnorm::Stats::kExact),
-                  [b] { return b->comm->counters().bytes_sent; }};
-        });
+    tpnorm_perf::add_mode_pair(op_name(centered), backward ? "backward" : "forward", shape,
+                               traffic(backward, rows, h), [=]() -> tpnorm_perf::ModePair {
+                                 auto b = std::make_shared<Buffers>(rows, h, backward);
+                                 auto call = [b, backward,
+                                              centered](tpnorm::Stats stats) -> tpnorm_perf::Call {
+                                   return [=](int t) { b->pass(backward, centered, t, stats); };
+                                 };
+                                 return {call(tpnorm::Stats::kRobust), call(tpnorm::Stats::kExact),
+                                         [b] { return b->comm->counters().bytes_sent; }};
+                               });
 }
 
 void register_all() {

@@ -265,8 +265,10 @@ TEST(ExactStream, RatioMatchesLongDivision) {
     for (int i = 0; i < 8; ++i) num.w[i] = rng();
     for (int i = 0; i < 8; ++i) {
       const int lo = 64 * i;
-      if (lo >= bits) num.w[i] = 0;
-      else if (bits - lo < 64) num.w[i] &= (uint64_t{1} << (bits - lo)) - 1;
+      if (lo >= bits)
+        num.w[i] = 0;
+      else if (bits - lo < 64)
+        num.w[i] &= (uint64_t{1} << (bits - lo)) - 1;
     }
     const bool tie = trial % 4 == 1 || trial % 4 == 2;
     if (tie) {  // 54 significant bits, the last one set, then zeros: a tie over a power of two
