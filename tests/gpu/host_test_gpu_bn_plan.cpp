@@ -63,7 +63,7 @@ TEST(GpuBnPlan, IssueShapesByHand) {
 
 // Every planes-walk thread of every block, as sums_planes / apply_planes run it.
 void replay_planes(int64_t outer, int64_t c, int64_t inner, size_t elem) {
-  const BnPlan p = plan_channels(outer, c, inner, elem);
+  const BnPlan p = plan_channels(outer, c, inner, elem, {}, inner == 1);
   ASSERT_FALSE(p.rows);
   ASSERT_EQ(p.vpp * p.vec, inner);
   ASSERT_LE(p.splits, bn_max_splits(outer, c, inner));
@@ -78,6 +78,7 @@ void replay_planes(int64_t outer, int64_t c, int64_t inner, size_t elem) {
           // the direct formula: unit u of channel ch is plane u / vpp, vector u % vpp
           ASSERT_EQ(w.at, (u / p.vpp * c + ch) * p.vpp + u % p.vpp)
               << outer << "x" << c << "x" << inner << " ch " << ch << " unit " << u;
+          ASSERT_EQ(w.plane, u / p.vpp) << "unit " << u;
           ++seen[static_cast<size_t>(w.at)];
           ++in_split;
         }
@@ -97,6 +98,7 @@ TEST(GpuBnPlan, PlanesWalkVisitsEveryVectorOnce) {
   replay_planes(300, 1, 2, 2);    // inner 2, vpp 1: 256 planes a step
   replay_planes(40, 2, 1000, 4);  // 10 splits of 1000 units, vpp 250: jump 506
   replay_planes(37, 4, 196, 2);   // 14 x 14, vec 4
+  replay_planes(700, 3, 1, 2);    // planes_only with inner 1 (GroupNorm on [n, c])
 }
 
 // Every rows-walk thread, as sums_rows / apply_rows run it: (row, vector column) exactly once.

@@ -295,8 +295,9 @@ RowTrafficArgs planes_of(const GroupTrafficArgs& g) {
 }
 
 TEST(GpuTraffic, GroupNormForwardFp32) {
-  // x 240 B; plane sums 6 x 2 x 8 = 96; payload 8 slots x 2 x 8 = 128; slot constants 8 x 16;
-  // saved mean, rstd 8 x 4 each; gamma, beta 3 x 4 each; the apply reads 4 slots' constants.
+  // x 240 B; plane sums 6 x 2 x 8 = 96; payload 8 slots x 2 x 8 = 128; slot constants a
+  // float4 each (8 x 16); saved mean, rstd 8 x 4 each; gamma, beta 3 x 4 each; the apply reads
+  // 4 slots' constants.
   const GroupTrafficArgs g = group_case(4);
   const Traffic t = group_forward_traffic(g);
   const Traffic rows = row_forward_traffic(planes_of(g));
@@ -310,8 +311,9 @@ TEST(GpuTraffic, GroupNormForwardFp32) {
 }
 
 TEST(GpuTraffic, GroupNormBackwardBf16) {
-  // dy, x, dx 120 B each; saved mean, rstd 4 B a slot (4 slots read), 4 B a plane expanded;
-  // gamma 3 x 2; plane sums 96; payload 128; dparams 2 x 3 x 8 = 48.
+  // dy, x, dx 120 B each; saved mean, rstd 4 B a slot (4 slots read by expand), 4 B a plane
+  // expanded; gamma 3 x 2; plane sums 96; payload 128; dparams 2 x 3 x 8 = 48; slot constants
+  // two float4 a slot (8 x 32), 4 slots read by the apply.
   const GroupTrafficArgs g = group_case(2);
   const Traffic t = group_backward_traffic(g);
   const Traffic rows = row_backward_traffic(planes_of(g));
@@ -321,7 +323,9 @@ TEST(GpuTraffic, GroupNormBackwardBf16) {
                  {{"group fold", 96 + 6, 128},
                   {"group channel_sums", 96, 48},
                   {"call header", 0, 80},
-                  {"group apply_bwd", 240 + 6 + 4 * (4 + 8) * 2 + 80, 120},
+                  // all 8 slots' constants (2 float4) from mean, rstd and the payload
+                  {"group bwd_consts", 80 + 64 + 128, 256},
+                  {"group apply_bwd", 240 + 6 + 4 * 32 + 80, 120},
                   {"group param_grads", 80 + 48, 12}});
 }
 

@@ -9,7 +9,6 @@
 // plan, the same order; no atomics), fwd_consts / bwd_consts make the per-channel constants,
 // param_grads writes dgamma / dbeta. Templates: the storage type, the vector width, the pass.
 #include <algorithm>
-#include <type_traits>
 
 #include "common/half.h"
 #include "kernels/cuda/batch_norm.h"
@@ -421,19 +420,6 @@ dim3 grid_of(const BnPlan& p) {
 dim3 block_of(const BnPlan& p) {
   return p.rows ? dim3(static_cast<unsigned>(p.tile_x), static_cast<unsigned>(p.tile_y))
                 : dim3(kBnThreads);
-}
-
-// f(std::integral_constant<int, V>) for the plan's vector width; only widths of at most 16
-// bytes of D are instantiated (the plan never picks a wider one).
-template <class D, class F>
-void with_vec(int vec, F&& f) {
-  constexpr int kMax = static_cast<int>(16 / sizeof(D));
-  if constexpr (kMax >= 8)
-    if (vec == 8) return f(std::integral_constant<int, 8>{});
-  if constexpr (kMax >= 4)
-    if (vec == 4) return f(std::integral_constant<int, 4>{});
-  if (vec == 2) return f(std::integral_constant<int, 2>{});
-  f(std::integral_constant<int, 1>{});
 }
 
 template <class D, bool kBwd>

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
+#include <type_traits>
 
 #include "common/host_device.h"
 
@@ -182,6 +183,7 @@ struct BnPlan {
   int64_t vpp = 0;    ///< vectors per plane (inner / vec)
   int64_t units = 0;  ///< vectors per channel (outer * vpp)
   int64_t dv = 0;     ///< kBnThreads % vpp: plane position step
+  int64_t dq = 0;     ///< kBnThreads / vpp: plane step (without a wrap)
   int64_t jump = 0;   ///< vector-index step for kBnThreads units without a wrap
   int64_t wrap = 0;   ///< the extra step when the plane position wraps
   // rows
@@ -194,13 +196,16 @@ inline int bn_vector_width(int64_t n, size_t elem, std::initializer_list<const v
   return row_vector_width(n, elem, ptrs);
 }
 
+/// planes_only: the planes walk even when inner == 1 (GroupNorm's applies, whose constants
+/// change with the plane).
 inline BnPlan plan_channels(int64_t outer, int64_t c, int64_t inner, size_t elem,
-                            std::initializer_list<const void*> ptrs = {}) {
+                            std::initializer_list<const void*> ptrs = {},
+                            bool planes_only = false) {
   BnPlan p;
   p.has_values = outer > 0 && c > 0 && inner > 0;
   if (!p.has_values) return p;
   const int64_t max_splits = bn_max_splits(outer, c, inner);
-  p.rows = inner == 1;
+  p.rows = inner == 1 && !planes_only;
   p.vec = bn_vector_width(p.rows ? c : inner, elem, ptrs);
   const int64_t work = p.rows ? outer : outer * (inner / p.vec);
   if (p.rows) {
@@ -214,7 +219,8 @@ inline BnPlan plan_channels(int64_t outer, int64_t c, int64_t inner, size_t elem
     p.vpp = inner / p.vec;
     p.units = work;
     p.dv = kBnThreads % p.vpp;
-    p.jump = (kBnThreads / p.vpp) * c * p.vpp + p.dv;
+    p.dq = kBnThreads / p.vpp;
+    p.jump = p.dq * c * p.vpp + p.dv;
     p.wrap = (c - 1) * p.vpp;
     p.blocks_x = c;
   }
@@ -223,13 +229,28 @@ inline BnPlan plan_channels(int64_t outer, int64_t c, int64_t inner, size_t elem
   return p;
 }
 
+/// f(std::integral_constant<int, V>{}) for a plan's vector width: the launchers' one switch
+/// from the run-time width to the kernels' compile-time V. Only widths of at most 16 bytes of
+/// D are instantiated (no plan picks a wider one).
+template <class D, class F>
+void with_vec(int vec, F&& f) {
+  constexpr int kMax = static_cast<int>(16 / sizeof(D));
+  if constexpr (kMax >= 8)
+    if (vec == 8) return f(std::integral_constant<int, 8>{});
+  if constexpr (kMax >= 4)
+    if (vec == 4) return f(std::integral_constant<int, 4>{});
+  if (vec == 2) return f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 1>{});
+}
+
 /// A thread's walk over its units in the planes walk: the vector index `at` (in vectors of
 /// the whole tensor) of unit u = u0 + t + k * kBnThreads, kept with additions only. Shared by
 /// the kernels and the host test that checks it against the direct formula.
 struct BnWalk {
-  int64_t at = 0;    ///< vector index of the current unit
-  int64_t pos = 0;   ///< its vector position within the plane
-  int64_t left = 0;  ///< units left for this thread, the current one included
+  int64_t at = 0;     ///< vector index of the current unit
+  int64_t pos = 0;    ///< its vector position within the plane
+  int64_t plane = 0;  ///< its plane (the outer index)
+  int64_t left = 0;   ///< units left for this thread, the current one included
 
   /// Thread t of split sp of channel ch.
   TPNORM_HD static BnWalk start(const BnPlan& p, int64_t c, int64_t ch, int64_t sp, int64_t t) {
@@ -239,6 +260,7 @@ struct BnWalk {
     if (u0 >= u1) return w;
     w.left = (u1 - u0 + kBnThreads - 1) / kBnThreads;  // once per thread, not per element
     const int64_t o = u0 / p.vpp;
+    w.plane = o;
     w.pos = u0 - o * p.vpp;
     w.at = (o * c + ch) * p.vpp + w.pos;
     return w;
@@ -246,9 +268,11 @@ struct BnWalk {
   TPNORM_HD void next(const BnPlan& p) {
     at += p.jump;
     pos += p.dv;
+    plane += p.dq;
     if (pos >= p.vpp) {
       pos -= p.vpp;
       at += p.wrap;
+      ++plane;
     }
     --left;
   }

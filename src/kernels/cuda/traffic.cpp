@@ -199,7 +199,7 @@ Traffic group_forward_traffic(const GroupTrafficArgs& a) {
   append(t, split_at_header(row_forward_traffic(plane_rows(a)), false));  // plane sums
   if (slots > 0) t.kernels.push_back({"group fold", planes * 2 * a.wire, pay});
   t.kernels.push_back({"call header", 0, hdr});
-  const int64_t consts = 2 * 8;  // mean, rstd (double) per slot
+  const int64_t consts = 16;  // a float4 per slot: mean head, tail, rstd
   const int64_t saved = ((a.save_mean ? 1 : 0) + (a.save_rstd ? 1 : 0)) * slots * a.saved;
   if (slots > 0) t.kernels.push_back({"group slot_stats", hdr + pay, slots * consts + saved});
   const int64_t params = ((a.gamma ? 1 : 0) + (a.beta ? 1 : 0)) * a.c_local * a.elem;
@@ -220,9 +220,10 @@ Traffic group_backward_traffic(const GroupTrafficArgs& a) {
   if (slots > 0) t.kernels.push_back({"group fold", rows + gamma, pay});
   if (a.c_local > 0) t.kernels.push_back({"group channel_sums", rows, 2 * a.c_local * 8});
   t.kernels.push_back({"call header", 0, hdr});
-  if (n > 0)
-    t.kernels.push_back(
-        {"group apply_bwd", 2 * n + gamma + 2 * touched * (a.saved + a.wire) + hdr, n});
+  // slot constants (two float4 a slot) from the saved statistics and the summed payload
+  if (slots > 0)
+    t.kernels.push_back({"group bwd_consts", hdr + 2 * slots * a.saved + pay, slots * 32});
+  if (n > 0) t.kernels.push_back({"group apply_bwd", 2 * n + gamma + touched * 32 + hdr, n});
   const int64_t grads = (a.dgamma ? 1 : 0) + (a.dbeta ? 1 : 0);
   if (grads > 0 && a.c_local > 0)
     t.kernels.push_back(

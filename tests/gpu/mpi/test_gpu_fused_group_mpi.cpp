@@ -178,18 +178,20 @@ INSTANTIATE_TEST_SUITE_P(Nccl, GpuFused,
 
 // ---- GroupNorm / InstanceNorm ----------------------------------------------------------------
 
-using GroupParam = std::tuple<int64_t, DType, bool>;  // groups (0: InstanceNorm), dtype, nccl
+// groups (0: InstanceNorm), dtype, nccl, spatial size (35: scalar accesses; 64: 16-byte
+// vectors; 3136: 16-byte vectors, several splits per channel; 1: the planes walk at inner 1)
+using GroupParam = std::tuple<int64_t, DType, bool, int64_t>;
 class GpuGroupNorm : public ::testing::TestWithParam<GroupParam> {};
 
 TEST_P(GpuGroupNorm, MatchesReferenceAndCpuSlices) {
   TPNORM_REQUIRE_GPU();
-  const auto [groups_in, dt, nccl] = GetParam();
+  const auto [groups_in, dt, nccl, S] = GetParam();
   Comm c;
   std::string skip;
   if (!make_comm(nccl, c, &skip)) GTEST_SKIP() << skip;
   const int P = world_size(), me = world_rank();
   const bool instance = groups_in == 0;
-  const int64_t N = 3, C = 12, S = 35, G = instance ? C : groups_in;
+  const int64_t N = 3, C = 12, G = instance ? C : groups_in;
   std::vector<int> weights(P, 1);
   if (P > 2) weights[2] = 0;  // a rank with no channel; groups span ranks
   const Split sp = split_weighted(C, weights);
@@ -263,17 +265,25 @@ TEST_P(GpuGroupNorm, MatchesReferenceAndCpuSlices) {
 std::string group_name(const ::testing::TestParamInfo<GroupParam>& i) {
   const int64_t g = std::get<0>(i.param);
   return (g == 0 ? std::string("InstanceNorm") : "GroupNorm_g" + std::to_string(g)) + "_" +
-         dtype_name(std::get<1>(i.param)) + (std::get<2>(i.param) ? "_nccl" : "_staged");
+         dtype_name(std::get<1>(i.param)) + (std::get<2>(i.param) ? "_nccl" : "_staged") + "_s" +
+         std::to_string(std::get<3>(i.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Staged, GpuGroupNorm,
                          ::testing::Combine(::testing::Values(int64_t{4}, int64_t{1}, int64_t{0}),
                                             ::testing::Values(DType::F32, DType::BF16),
-                                            ::testing::Values(false)),
+                                            ::testing::Values(false), ::testing::Values(35)),
+                         group_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuGroupNorm,
+                         ::testing::Combine(::testing::Values(int64_t{4}, int64_t{0}),
+                                            ::testing::Values(DType::F32, DType::F16, DType::BF16),
+                                            ::testing::Values(false),
+                                            ::testing::Values(1, 64, 3136)),
                          group_name);
 INSTANTIATE_TEST_SUITE_P(Nccl, GpuGroupNorm,
                          ::testing::Combine(::testing::Values(int64_t{4}),
-                                            ::testing::Values(DType::F32), ::testing::Values(true)),
+                                            ::testing::Values(DType::F32), ::testing::Values(true),
+                                            ::testing::Values(35)),
                          group_name);
 
 }  // namespace
