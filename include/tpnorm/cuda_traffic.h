@@ -10,7 +10,8 @@
 // of a row's first values counts nothing extra). A byte read by two kernels counts twice: that
 // is the re-read an op's "minimum bytes" excludes (the apply's x after the partial's x).
 // Kernels are listed in launch order with the launchers' names ("row partial_fwd", ...); the
-// call header kernel writes the header. Not counted: the collective (NCCL or the
+// row norms' partial kernel writes the call header (the header kernel only when there is no
+// row), SyncBatchNorm's header kernel writes it. Not counted: the collective (NCCL or the
 // communicator's own, not a kernel of tpnorm). It is a model worked from the kernels' code,
 // not a measurement: caches may serve a re-read, which still counts here.
 //

@@ -236,7 +236,9 @@ void PackedCall::reduce_device() {
     control_sum(sum.data(), sum.size());
     check_header(sum.data(), DType::F64);  // throws on every rank together
   }
-  enqueue_device_header(head.data());
+  // The partial kernel wrote the same header already (take_device_header), unless this rank
+  // failed since: then the header kernel writes the failure and a zero payload.
+  if (!header_by_partial_ || failed_) enqueue_device_header(head.data());
   comm_.all_reduce_sum(dev_base_, header_values_ + payload_values_, wire_);
   throw_if_failed_locally(comm_.rank());
 }
@@ -259,6 +261,13 @@ void PackedCall::enqueue_device_header(const double* head) {
     fail(e.what(), ErrorCode::kCommunication);
     dev_->poison(dev_base_, header_values_ * dtype_size(wire_));
   }
+}
+
+bool PackedCall::take_device_header(double* head) {
+  if (!dev_ || !dev_base_ || failed_) return false;
+  write_header(head, DType::F64);
+  header_by_partial_ = true;
+  return true;
 }
 
 void PackedCall::control_sum(double* buf, size_t n) {

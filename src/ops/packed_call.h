@@ -93,6 +93,12 @@ class PackedCall {
   size_t header_values() const { return header_values_; }
   /// The device communicator of this call, or nullptr for host communicators.
   DeviceCommunicator* device_comm() const { return dev_; }
+  /// Device calls: this rank's header (header_values() float64 values into `head`, room for
+  /// call_header::kFullValues) for the op's partial kernel to write into the device buffer
+  /// itself, saving the header kernel's launch (kernels/cuda/call_header.h HeaderWrite).
+  /// False when the call has failed already. After true, the collective enqueues no header
+  /// kernel unless the call fails before it (then the header kernel writes the failure).
+  bool take_device_header(double* head);
   /// Device scratch of prepare()'s scratch_bytes, 256-byte aligned (device calls only).
   void* scratch() const { return scratch_; }
   DType wire() const { return wire_; }
@@ -153,6 +159,7 @@ class PackedCall {
   DeviceCommunicator* dev_ = nullptr;
   void* dev_base_ = nullptr;
   void* scratch_ = nullptr;
+  bool header_by_partial_ = false;  // take_device_header: the partial kernel writes the header
 };
 
 }  // namespace tpnorm::detail

@@ -34,8 +34,8 @@ TEST(GpuTraffic, LayerNormForwardFp32) {
   a.rows = 4;
   a.h = 1024;
   const Traffic t = row_forward_traffic(a);
-  expect_kernels(t, {{"row partial_fwd", 16384, 64},
-                     {"call header", 0, 80},
+  // The partial kernel writes the payload and the header (no header kernel).
+  expect_kernels(t, {{"row partial_fwd", 16384, 64 + 80},
                      // x + gamma, beta (2 x 4096) + header + payload; y + mean, rstd (2 x 16)
                      {"row apply_fwd", 16384 + 8192 + 80 + 64, 16384 + 32}});
   EXPECT_EQ(t.read(), 41104);
@@ -55,8 +55,7 @@ TEST(GpuTraffic, RmsNormBackwardBf16WithDgamma) {
   a.centered = false;
   a.beta = false;
   const Traffic t = row_backward_traffic(a);
-  expect_kernels(t, {{"row partial_bwd", 6400 + 200 + 64, 128 + 1600},
-                     {"call header", 0, 80},
+  expect_kernels(t, {{"row partial_bwd", 6400 + 200 + 64, 128 + 1600 + 80},
                      {"row apply_bwd", 6400 + 200 + 64 + 80 + 128, 3200},
                      {"row dgamma_final", 1600 + 80, 200}});
   EXPECT_EQ(t.read(), 15216);
@@ -73,8 +72,7 @@ TEST(GpuTraffic, LayerNormBackwardLargeIsFiveNsPlusScratch) {
   a.elem = 2;
   const Traffic t = row_backward_traffic(a);
   const int64_t ns = 268435456, part = 256 * 2 * 8192 * 4, small = 16384 + 131072;
-  expect_kernels(t, {{"row partial_bwd", 2 * ns + small, 262144 + part},
-                     {"call header", 0, 80},
+  expect_kernels(t, {{"row partial_bwd", 2 * ns + small, 262144 + part + 80},
                      {"row apply_bwd", 2 * ns + small + 80 + 262144, ns},
                      {"row dgamma_final", part + 80, 2 * 16384}});
   EXPECT_EQ(t.total(), 5 * ns + 2 * part + 2 * small + 2 * 262144 + 3 * 80 + 2 * 16384);
@@ -87,7 +85,7 @@ TEST(GpuTraffic, LayerNormBackwardWithoutParamsHasNoColumnPass) {
   a.h = 64;
   a.dgamma = a.dbeta = false;
   const Traffic t = row_backward_traffic(a);
-  ASSERT_EQ(t.kernels.size(), 3u);
+  ASSERT_EQ(t.kernels.size(), 2u);  // partial (with the header), apply
   // dy and x read twice, dx written once: 5 N s with N s = 2048, plus mean/rstd, gamma, stats.
   EXPECT_EQ(t.total(), 5 * 2048 + 2 * (256 + 64) + 128 + 80 + 80 + 128);
 }
@@ -177,7 +175,8 @@ TEST(GpuTraffic, EmptyShapesLaunchOnlyTheHeader) {
   r.rows = 0;
   r.h = 16;
   r.dgamma = r.dbeta = false;
-  EXPECT_EQ(row_forward_traffic(r).kernels.size(), 1u);
+  ASSERT_EQ(row_forward_traffic(r).kernels.size(), 1u);  // no partial: the header kernel
+  EXPECT_EQ(std::string(row_forward_traffic(r).kernels[0].kernel), "call header");
   EXPECT_EQ(row_backward_traffic(r).total(), 80);
   BnTrafficArgs b;
   b.outer = 4;
@@ -234,7 +233,9 @@ TEST(GpuTraffic, FusedResidualAddsOnePassEachWay) {
 
 TEST(GpuTraffic, BatchedSharesOneHeaderAndWritesTheCounts) {
   // Two items, float64 wire: "write values" writes K = 2 counts (16 B), every partial, ONE
-  // header (80 B), every apply: the single calls' sum less one header plus the counts.
+  // header (80 B, by the header kernel: a single call's partial writes its own header, a
+  // batched item's does not), every apply: the single calls' sum less one header plus the
+  // counts.
   RowTrafficArgs a, b;
   a.rows = 2;
   a.h = 8;
@@ -247,23 +248,19 @@ TEST(GpuTraffic, BatchedSharesOneHeaderAndWritesTheCounts) {
     const auto row = forward ? row_forward_traffic : row_backward_traffic;
     const Traffic t = forward ? batched_forward_traffic({a, b}) : batched_backward_traffic({a, b});
     const Traffic ta = row(a), tb = row(b);
-    ASSERT_EQ(t.kernels.size(), ta.kernels.size() + tb.kernels.size());  // 2 headers -> 1 + counts
+    // each single call: partial (+ header), apply(s); batched: counts, partials, header, applies
+    ASSERT_EQ(t.kernels.size(), ta.kernels.size() + tb.kernels.size() + 2);
     EXPECT_EQ(std::string(t.kernels[0].kernel), "write values");
     EXPECT_EQ(t.kernels[0].written, 16);
     EXPECT_EQ(t.total(), ta.total() + tb.total() - 80 + 16);
-    // partials of a then b, one header, applies of a then b (each row list: partials,
-    // "call header", applies)
+    // partials of a then b (without the header's 80 B), one header, applies of a then b
     std::vector<KernelBytes> want;
     for (bool after : {false, true}) {
       for (const Traffic* r : {&ta, &tb}) {
-        bool seen = false;
-        for (const KernelBytes& k : r->kernels) {
-          if (std::string(k.kernel) == "call header") {
-            seen = true;
-          } else if (seen == after) {
-            want.push_back(k);
-          }
-        }
+        ASSERT_EQ(std::string(r->kernels[0].kernel).find("partial"), 4u);  // "row partial_*"
+        if (!after)
+          want.push_back({r->kernels[0].kernel, r->kernels[0].read, r->kernels[0].written - 80});
+        if (after) want.insert(want.end(), r->kernels.begin() + 1, r->kernels.end());
       }
       if (!after) want.push_back({"call header", 0, 80});
     }
@@ -301,8 +298,9 @@ TEST(GpuTraffic, GroupNormForwardFp32) {
   const GroupTrafficArgs g = group_case(4);
   const Traffic t = group_forward_traffic(g);
   const Traffic rows = row_forward_traffic(planes_of(g));
-  expect_same(t.kernels, 0, {rows.kernels[0]});  // row partial_fwd over the planes
-  EXPECT_EQ(rows.kernels[0].written, 96);
+  // row partial_fwd over the planes, without the header a single row call's partial writes
+  expect_same(t.kernels, 0, {{"row partial_fwd", rows.kernels[0].read, 96}});
+  EXPECT_EQ(rows.kernels[0].written, 96 + 80);
   expect_kernels(Traffic{std::vector<KernelBytes>(t.kernels.begin() + 1, t.kernels.end())},
                  {{"group fold", 96, 128},
                   {"call header", 0, 80},
@@ -318,7 +316,9 @@ TEST(GpuTraffic, GroupNormBackwardBf16) {
   const Traffic t = group_backward_traffic(g);
   const Traffic rows = row_backward_traffic(planes_of(g));
   expect_kernels(Traffic{{t.kernels[0]}}, {{"group expand", 32, 48}});
-  expect_same(t.kernels, 1, {rows.kernels[0]});  // row partial_bwd over the planes
+  // row partial_bwd over the planes, without the header a single row call's partial writes
+  expect_same(t.kernels, 1,
+              {{"row partial_bwd", rows.kernels[0].read, rows.kernels[0].written - 80}});
   expect_kernels(Traffic{std::vector<KernelBytes>(t.kernels.begin() + 2, t.kernels.end())},
                  {{"group fold", 96 + 6, 128},
                   {"group channel_sums", 96, 48},

@@ -32,6 +32,10 @@ void write_header(void* base, bool w64, const double* header, int nh, size_t zer
          base, w64, hv, nh, zeros);
 }
 
+void write_header(const HeaderWrite& hw, void* stream) {
+  if (hw.nh > 0) write_header(hw.base, hw.w64, hw.v, hw.nh, 0, stream);
+}
+
 void write_values(void* base, bool w64, const double* values, int64_t n, void* stream) {
   constexpr int kPer = detail::call_header::kFullValues;
   char* p = static_cast<char*>(base);

@@ -1,11 +1,14 @@
 // call_header.h — the device side of the call header (layout: common/call_header.h): the view
 // the apply kernels get of a call's summed header, and the kernel that writes a rank's header
 // into the device buffer of its collective. The packed call (ops/packed_call.cpp) launches
-// it; communicators know nothing of it. No CUDA types here: CPU translation units include it.
+// it, unless the op's partial kernel wrote the header itself (HeaderWrite); communicators
+// know nothing of it. No CUDA types here: CPU translation units include it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "common/call_header.h"
 
 namespace tpnorm::kernels::cuda {
 
@@ -23,11 +26,25 @@ struct Header {
   int64_t payload_at = -1;
 };
 
+/// A rank's header, for a kernel that writes it into its call's device buffer itself: the row
+/// norms' partial kernels do (block 0, thread 0), which saves the header kernel's launch
+/// (PackedCall::take_device_header). The values travel as a kernel argument, as in
+/// write_header. nh == 0: nothing to write.
+struct HeaderWrite {
+  void* base = nullptr;  ///< the call's device buffer (header first)
+  bool w64 = true;       ///< wire type double, else float
+  int nh = 0;            ///< values to write, at most call_header::kFullValues
+  double v[detail::call_header::kFullValues] = {};
+};
+
 /// Enqueues on `stream` (a cudaStream_t) the write of `nh` header values (given as doubles,
 /// at most call_header::kFullValues) in the wire type at `base`, then `zeros` zero values
 /// (the payload of a rank that failed locally). The values travel as a kernel argument, so a
 /// captured graph replays them. Throws tpnorm::Error if the launch fails.
 void write_header(void* base, bool w64, const double* header, int nh, size_t zeros, void* stream);
+/// write_header of a HeaderWrite (nothing when hw.nh == 0): for a partial that launches no
+/// kernel (no rows) but was handed the header.
+void write_header(const HeaderWrite& hw, void* stream);
 
 /// Enqueues the write of n values (given as doubles; a host array read now, before the call
 /// returns) in the wire type at `base`, e.g. a batched call's per-item counts. Graph-safe as

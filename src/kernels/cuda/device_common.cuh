@@ -116,6 +116,14 @@ __device__ __forceinline__ bool header_ok(const Header& hd, double* n) {
   return !bad;
 }
 
+// A rank's header written by the kernel that was handed it (block 0, thread 0; nh <= 10).
+__device__ __forceinline__ void write_header_values(const HeaderWrite& hw) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+#pragma unroll
+  for (int i = 0; i < detail::call_header::kFullValues; ++i)
+    if (i < hw.nh) store_fd(hw.base, i, hw.w64, hw.v[i]);
+}
+
 // The op's payload (its statistics) in the summed buffer.
 __device__ __forceinline__ const void* payload_of(const Header& hd) {
   const int64_t at = hd.payload_at >= 0 ? hd.payload_at : hd.values;

@@ -57,8 +57,10 @@ __device__ __forceinline__ bool has_pack(int c0, int k, const Geo& g) {
 
 template <class T, int V, int E>
 __global__ void __launch_bounds__(kRowThreads)
-    partial_fwd(Geo g, const T* __restrict__ x, bool pivoted, bool centered, bool w64, void* out) {
+    partial_fwd(Geo g, const T* __restrict__ x, bool pivoted, bool centered, bool w64, void* out,
+                HeaderWrite hw) {
   constexpr int NP = E / V;
+  write_header_values(hw);
   const Rows rw = rows_of(g);
   for (int64_t r = rw.first; r < g.rows; r += rw.stride) {
     const T* xr = x + r * g.h;
@@ -240,8 +242,9 @@ template <class T, int V, int E>
 __global__ void __launch_bounds__(kRowThreads)
     partial_bwd(Geo g, const T* __restrict__ dy, const T* __restrict__ x,
                 const T* __restrict__ gamma, const void* mean, const void* rstd, bool s64,
-                bool centered, bool w64, void* out, float* __restrict__ part) {
+                bool centered, bool w64, void* out, float* __restrict__ part, HeaderWrite hw) {
   constexpr int NP = E / V;
+  write_header_values(hw);
   const Rows rw = rows_of(g);
   for (int c = 0; c == 0 || c < g.packs; c += g.tpr * NP) {
     const int c0 = c + rw.lane;
@@ -439,14 +442,15 @@ cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
 }  // namespace
 
 template <class T>
-void row_partial_forward(const RowArgs& a, const T* x, bool robust, bool w64, void* payload) {
+void row_partial_forward(const RowArgs& a, const T* x, bool robust, bool w64, void* payload,
+                         const HeaderWrite& hw) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {x});
-  if (l.p.blocks == 0) return;
+  if (l.p.blocks == 0) return write_header(hw, a.stream);
   with_pack<D>(l, [&](auto v, auto e) {
     launch_rows("row partial_fwd", partial_fwd<D, decltype(v)::value, decltype(e)::value>, l,
                 a.stream, l.g, reinterpret_cast<const D*>(x), robust && a.centered, a.centered, w64,
-                payload);
+                payload, hw);
   });
 }
 
@@ -467,10 +471,10 @@ void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* be
 template <class T>
 void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
                           const void* mean, const void* rstd, bool w64, void* payload,
-                          void* scratch) {
+                          void* scratch, const HeaderWrite& hw) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {dy, x, gamma});
-  if (l.p.blocks == 0) return;
+  if (l.p.blocks == 0) return write_header(hw, a.stream);
   float* part = static_cast<float*>(scratch);
   with_pack<D>(l, [&](auto v, auto e) {
     const auto kernel = partial_bwd<D, decltype(v)::value, decltype(e)::value>;
@@ -478,11 +482,11 @@ void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* ga
       launch("row partial_bwd", kernel, dim3(static_cast<unsigned>(row_bwd_parts(a.rows, a.h))),
              dim3(l.p.threads), st(a.stream), l.g, reinterpret_cast<const D*>(dy),
              reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma), mean, rstd, a.s64,
-             a.centered, w64, payload, part);
+             a.centered, w64, payload, part, hw);
     else
       launch_rows("row partial_bwd", kernel, l, a.stream, l.g, reinterpret_cast<const D*>(dy),
                   reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma), mean, rstd,
-                  a.s64, a.centered, w64, payload, part);
+                  a.s64, a.centered, w64, payload, part, hw);
   });
 }
 
@@ -512,11 +516,12 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
 }
 
 #define TPNORM_CUDA_ROW_INSTANTIATE(T)                                                             \
-  template void row_partial_forward<T>(const RowArgs&, const T*, bool, bool, void*);               \
+  template void row_partial_forward<T>(const RowArgs&, const T*, bool, bool, void*,                \
+                                       const HeaderWrite&);                                        \
   template void row_apply_forward<T>(const RowArgs&, const T*, const T*, const T*, const Header&,  \
                                      double, T*, void*, void*, int*);                              \
   template void row_partial_backward<T>(const RowArgs&, const T*, const T*, const T*, const void*, \
-                                        const void*, bool, void*, void*);                          \
+                                        const void*, bool, void*, void*, const HeaderWrite&);      \
   template void row_apply_backward<T>(const RowArgs&, const T*, const T*, const T*, const void*,   \
                                       const void*, const Header&, T*, T*, T*, void*, int*);
 TPNORM_CUDA_ROW_INSTANTIATE(float)

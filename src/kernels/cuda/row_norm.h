@@ -35,8 +35,11 @@ struct RowArgs {
   void* stream = nullptr;  ///< cudaStream_t
 };
 
+/// The partials write this rank's call header too when handed one (hw.nh > 0): block 0 of the
+/// partial kernel, or the header kernel when there is no row to launch for.
 template <class T>
-void row_partial_forward(const RowArgs& a, const T* x, bool robust, bool w64, void* payload);
+void row_partial_forward(const RowArgs& a, const T* x, bool robust, bool w64, void* payload,
+                         const HeaderWrite& hw = {});
 
 template <class T>
 void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* beta,
@@ -47,7 +50,7 @@ void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* be
 template <class T>
 void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
                           const void* mean, const void* rstd, bool w64, void* payload,
-                          void* scratch = nullptr);
+                          void* scratch = nullptr, const HeaderWrite& hw = {});
 
 /// dx from the summed statistics; dgamma/dbeta (may be null) as the sum, in block order, of
 /// the column sums row_partial_backward left in `scratch` (deterministic for a given shape).

@@ -12,21 +12,28 @@ using kernels::cuda::BnPlan;
 using kernels::cuda::plan_channels;
 using kernels::cuda::row_bwd_parts;
 
-Traffic row_forward_traffic(const RowTrafficArgs& a) {
+namespace {
+
+// The row kernels of a call. `header_in_partial`: the partial kernel writes the call header
+// (the row ops' own calls, fused included; the header kernel only when there is no row), else
+// the header kernel does, between the partials and the applies (batched calls, GroupNorm).
+Traffic row_forward_kernels(const RowTrafficArgs& a, bool header_in_partial) {
   const int64_t n = a.rows * a.h * a.elem, k = a.centered ? 2 : 1, pay = a.rows * k * a.wire;
+  const int64_t hdr = a.header * a.wire;
+  const bool by_partial = header_in_partial && a.rows > 0;
   Traffic t;
-  if (a.rows > 0) t.kernels.push_back({"row partial_fwd", n, pay});
-  t.kernels.push_back({"call header", 0, a.header * a.wire});
+  if (a.rows > 0) t.kernels.push_back({"row partial_fwd", n, pay + (by_partial ? hdr : 0)});
+  if (!by_partial) t.kernels.push_back({"call header", 0, hdr});
   if (a.rows > 0) {
     const int64_t params = ((a.gamma ? 1 : 0) + (a.beta && a.centered ? 1 : 0)) * a.h * a.elem;
     const int64_t saved =
         ((a.save_mean && a.centered ? 1 : 0) + (a.save_rstd ? 1 : 0)) * a.rows * a.saved;
-    t.kernels.push_back({"row apply_fwd", n + params + a.header * a.wire + pay, n + saved});
+    t.kernels.push_back({"row apply_fwd", n + params + hdr + pay, n + saved});
   }
   return t;
 }
 
-Traffic row_backward_traffic(const RowTrafficArgs& a) {
+Traffic row_backward_kernels(const RowTrafficArgs& a, bool header_in_partial) {
   const int64_t n = a.rows * a.h * a.elem, k = a.centered ? 2 : 1, pay = a.rows * k * a.wire;
   const int64_t gamma = a.gamma ? a.h * a.elem : 0;
   const int64_t stats = (a.centered ? 2 : 1) * a.rows * a.saved;  // saved mean (LN) and rstd
@@ -34,16 +41,24 @@ Traffic row_backward_traffic(const RowTrafficArgs& a) {
   const bool params = (a.dgamma || dbeta) && a.h > 0;
   // The partial's column sums: [row_bwd_parts, 2, h] floats, written once, read once.
   const int64_t part = params ? row_bwd_parts(a.rows, a.h) * 2 * a.h * 4 : 0;
+  const int64_t hdr = a.header * a.wire;
+  const bool by_partial = header_in_partial && a.rows > 0;
   Traffic t;
-  if (a.rows > 0) t.kernels.push_back({"row partial_bwd", 2 * n + gamma + stats, pay + part});
-  t.kernels.push_back({"call header", 0, a.header * a.wire});
   if (a.rows > 0)
-    t.kernels.push_back({"row apply_bwd", 2 * n + gamma + stats + a.header * a.wire + pay, n});
+    t.kernels.push_back(
+        {"row partial_bwd", 2 * n + gamma + stats, pay + part + (by_partial ? hdr : 0)});
+  if (!by_partial) t.kernels.push_back({"call header", 0, hdr});
+  if (a.rows > 0) t.kernels.push_back({"row apply_bwd", 2 * n + gamma + stats + hdr + pay, n});
   if (params)
-    t.kernels.push_back({"row dgamma_final", part + a.header * a.wire,
-                         ((a.dgamma ? 1 : 0) + (dbeta ? 1 : 0)) * a.h * a.elem});
+    t.kernels.push_back(
+        {"row dgamma_final", part + hdr, ((a.dgamma ? 1 : 0) + (dbeta ? 1 : 0)) * a.h * a.elem});
   return t;
 }
+
+}  // namespace
+
+Traffic row_forward_traffic(const RowTrafficArgs& a) { return row_forward_kernels(a, true); }
+Traffic row_backward_traffic(const RowTrafficArgs& a) { return row_backward_kernels(a, true); }
 
 // SyncBatchNorm: the plan of the sums kernel (x, and dy backward) and of the apply kernel,
 // pointers aligned (the accounting does not depend on the vector width, only the walk's name
@@ -185,10 +200,10 @@ Traffic fused_backward_traffic(const RowTrafficArgs& norm, bool dh_extra) {
 }
 
 Traffic batched_forward_traffic(const std::vector<RowTrafficArgs>& items) {
-  return batched(items, row_forward_traffic);
+  return batched(items, [](const RowTrafficArgs& a) { return row_forward_kernels(a, false); });
 }
 Traffic batched_backward_traffic(const std::vector<RowTrafficArgs>& items) {
-  return batched(items, row_backward_traffic);
+  return batched(items, [](const RowTrafficArgs& a) { return row_backward_kernels(a, false); });
 }
 
 Traffic group_forward_traffic(const GroupTrafficArgs& a) {
@@ -196,7 +211,7 @@ Traffic group_forward_traffic(const GroupTrafficArgs& a) {
   const int64_t slots = a.n * a.groups, touched = touched_slots(a);
   const int64_t pay = 2 * slots * a.wire, hdr = a.header * a.wire;
   Traffic t;
-  append(t, split_at_header(row_forward_traffic(plane_rows(a)), false));  // plane sums
+  append(t, split_at_header(row_forward_kernels(plane_rows(a), false), false));  // plane sums
   if (slots > 0) t.kernels.push_back({"group fold", planes * 2 * a.wire, pay});
   t.kernels.push_back({"call header", 0, hdr});
   const int64_t consts = 16;  // a float4 per slot: mean head, tail, rstd
@@ -216,7 +231,7 @@ Traffic group_backward_traffic(const GroupTrafficArgs& a) {
   // each plane's group mean / rstd, which the row backward partial takes per row
   if (planes > 0)
     t.kernels.push_back({"group expand", 2 * touched * a.saved, 2 * planes * a.saved});
-  append(t, split_at_header(row_backward_traffic(plane_rows(a)), false));  // plane sums
+  append(t, split_at_header(row_backward_kernels(plane_rows(a), false), false));  // plane sums
   if (slots > 0) t.kernels.push_back({"group fold", rows + gamma, pay});
   if (a.c_local > 0) t.kernels.push_back({"group channel_sums", rows, 2 * a.c_local * 8});
   t.kernels.push_back({"call header", 0, hdr});

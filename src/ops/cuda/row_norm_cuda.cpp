@@ -46,12 +46,22 @@ void backward_kernel(DeviceCommunicator& dev, const RowBackward& a, Fn&& fn) {
   });
 }
 
+// This rank's header for the partial kernel to write (nothing when the call failed already).
+kcu::HeaderWrite header_for_partial(PackedCall& call) {
+  kcu::HeaderWrite hw;
+  if (!call.take_device_header(hw.v)) return hw;
+  hw.base = call.base();
+  hw.w64 = call.wire() == DType::F64;
+  hw.nh = static_cast<int>(call.header_values());
+  return hw;
+}
+
 }  // namespace
 
 void row_forward_partial_at(DeviceCommunicator& dev, const RowForward& a, Stats stats, bool w64,
-                            void* payload) {
+                            void* payload, const kcu::HeaderWrite& hw) {
   forward_kernel(dev, a, [&](const kcu::RowArgs& k, auto x) {
-    kcu::row_partial_forward(k, x, stats == Stats::kRobust, w64, payload);
+    kcu::row_partial_forward(k, x, stats == Stats::kRobust, w64, payload, hw);
   });
 }
 
@@ -71,10 +81,10 @@ size_t row_backward_scratch_at(const RowBackward& a) {
 }
 
 void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64, void* payload,
-                             void* scratch) {
+                             void* scratch, const kcu::HeaderWrite& hw) {
   backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
     kcu::row_partial_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, w64, payload,
-                              row_backward_scratch_at(a) > 0 ? scratch : nullptr);
+                              row_backward_scratch_at(a) > 0 ? scratch : nullptr, hw);
   });
 }
 
@@ -90,7 +100,8 @@ void row_backward_apply_at(DeviceCommunicator& dev, const RowBackward& a, const 
 }
 
 void row_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
-  row_forward_partial_at(dev, c.a, c.opt.stats, call.wire() == DType::F64, call.payload_data());
+  row_forward_partial_at(dev, c.a, c.opt.stats, call.wire() == DType::F64, call.payload_data(),
+                         header_for_partial(call));
 }
 
 void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
@@ -101,7 +112,8 @@ size_t row_backward_scratch_cuda(const RowBackwardCall& c) { return row_backward
 
 void row_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
                                const RowBackwardCall& c) {
-  row_backward_partial_at(dev, c.a, call.wire() == DType::F64, call.payload_data(), call.scratch());
+  row_backward_partial_at(dev, c.a, call.wire() == DType::F64, call.payload_data(), call.scratch(),
+                          header_for_partial(call));
 }
 
 void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c) {

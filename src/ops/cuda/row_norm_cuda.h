@@ -1,6 +1,8 @@
 // row_norm_cuda.h — the device hooks of the LayerNorm / RMSNorm specs (ops/row_norm.cpp):
 // partial kernel -> (run_op's ONE collective, PackedCall::reduce) -> apply kernels, all on the
-// communicator's stream.
+// communicator's stream. The partial kernel writes the call's header too
+// (PackedCall::take_device_header), so no header kernel is launched; batched calls (the _at
+// forms without a HeaderWrite) still get the header kernel.
 #pragma once
 
 #include <cstddef>
@@ -25,12 +27,12 @@ void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const Ro
 /// `scratch` (row_backward_scratch_at bytes) for both. Batched calls (ops/batched.cpp) run
 /// each item this way.
 void row_forward_partial_at(DeviceCommunicator& dev, const RowForward& a, Stats stats, bool w64,
-                            void* payload);
+                            void* payload, const kernels::cuda::HeaderWrite& hw = {});
 void row_forward_apply_at(DeviceCommunicator& dev, const RowForward& a, double eps,
                           const kernels::cuda::Header& hd);
 size_t row_backward_scratch_at(const RowBackward& a);
 void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64, void* payload,
-                             void* scratch);
+                             void* scratch, const kernels::cuda::HeaderWrite& hw = {});
 void row_backward_apply_at(DeviceCommunicator& dev, const RowBackward& a,
                            const kernels::cuda::Header& hd, void* scratch);
 
