@@ -135,6 +135,21 @@ __device__ __forceinline__ void mark_failed(int* err) {
   if (threadIdx.x == 0) atomicExch(err, 1);
 }
 
+// Programmatic dependent launch (launch_dependent, launch.cuh); no-ops below sm_90, where
+// launch_dependent never sets the attribute. allow_dependent_launch: a kernel that the next
+// one does not depend on lets it start now. wait_for_previous_grid: the previous kernel has
+// completed and its writes are visible.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+
 // The exact split of a saved mean into float head + tail (as kernels/cpu/row_norm.cpp).
 __device__ __forceinline__ void split_mean(double m, float& head, float& tail) {
   head = static_cast<float>(m);

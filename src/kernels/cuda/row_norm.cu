@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(kRowThreads)
               const void* mean, const void* rstd, bool s64, Header hd, bool centered,
               T* __restrict__ dx, int* err) {
   constexpr int NP = E / V;
+  allow_dependent_launch();  // dgamma_final reads nothing this kernel writes
   double n;
   if (!header_ok(hd, &n)) return mark_failed(err);
   const void* pay = payload_of(hd);
@@ -342,20 +343,27 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // Column j = the blocks' column sums in block order (deterministic for a given shape).
+// After apply_bwd it is a programmatic dependent launch (launch_dependent): it may run while
+// apply_bwd still does, since it reads only the partial's scratch and the summed header, both
+// complete before apply_bwd started; every thread waits for apply_bwd before it exits, so that
+// this kernel's completion still implies dx's for whatever the stream runs next.
 template <class T>
 __global__ void dgamma_final(int64_t h, int64_t parts, const float* part, Header hd, T* dgamma,
                              T* dbeta, int* err) {
   double n;
-  if (!header_ok(hd, &n)) return mark_failed(err);
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= h) return;
-  double tg = 0, tb = 0;
-  for (int64_t b = 0; b < parts; ++b) {
-    tg += part[(2 * b) * h + j];
-    tb += part[(2 * b + 1) * h + j];
+  if (!header_ok(hd, &n)) {
+    mark_failed(err);
+  } else if (j < h) {
+    double tg = 0, tb = 0;
+    for (int64_t b = 0; b < parts; ++b) {
+      tg += part[(2 * b) * h + j];
+      tb += part[(2 * b + 1) * h + j];
+    }
+    if (dgamma) dgamma[j] = from_f<T>(static_cast<float>(tg));
+    if (dbeta) dbeta[j] = from_f<T>(static_cast<float>(tb));
   }
-  if (dgamma) dgamma[j] = from_f<T>(static_cast<float>(tg));
-  if (dbeta) dbeta[j] = from_f<T>(static_cast<float>(tb));
+  wait_for_previous_grid();
 }
 
 // ---- launchers ----------------------------------------------------------------------------
@@ -509,10 +517,19 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
     });
   }
   if ((!dgamma && !dbeta) || a.h <= 0) return;
-  launch("row dgamma_final", dgamma_final<D>, dim3(static_cast<unsigned>((a.h + 255) / 256)),
-         dim3(256), st(a.stream), a.h, row_bwd_parts(a.rows, a.h),
-         static_cast<const float*>(scratch), hd, reinterpret_cast<D*>(dgamma),
-         reinterpret_cast<D*>(dbeta), err);
+  // Overlapping apply_bwd only when apply_bwd runs (without rows the previous kernel is the
+  // collective's, whose writes the header read must not race).
+  const dim3 grid(static_cast<unsigned>((a.h + 255) / 256));
+  const int64_t parts = row_bwd_parts(a.rows, a.h);
+  const float* part = static_cast<const float*>(scratch);
+  D* dg = reinterpret_cast<D*>(dgamma);
+  D* db = reinterpret_cast<D*>(dbeta);
+  if (l.p.blocks > 0)
+    launch_dependent("row dgamma_final", dgamma_final<D>, grid, dim3(256), st(a.stream), a.h, parts,
+                     part, hd, dg, db, err);
+  else
+    launch("row dgamma_final", dgamma_final<D>, grid, dim3(256), st(a.stream), a.h, parts, part, hd,
+           dg, db, err);
 }
 
 #define TPNORM_CUDA_ROW_INSTANTIATE(T)                                                             \
