@@ -3,6 +3,7 @@
 // `DeviceHooks<Args>{p, a}` with the backend and `{}` (no device kernels: run_op fails such a
 // call on a device communicator) without it, so a spec file spells its hooks once:
 //   constexpr DeviceHooks<MyArgs> kDevice = TPNORM_DEVICE_HOOKS(my_partial_cuda, my_apply_cuda);
+// TPNORM_DEVICE_CHUNK_HOOKS adds the row-chunk forms (OpSpec::partial_rows / apply_rows).
 #pragma once
 
 #include "ops/op_spec.h"
@@ -11,10 +12,15 @@
 #include "ops/cuda/batch_norm_cuda.h"
 #include "ops/cuda/fused_cuda.h"
 #include "ops/cuda/group_norm_cuda.h"
+#include "ops/cuda/row_chunks_cuda.h"
 #include "ops/cuda/row_norm_cuda.h"
 #define TPNORM_DEVICE_HOOKS(partial, apply) \
   { partial, apply }
+#define TPNORM_DEVICE_CHUNK_HOOKS(partial, apply, partial_rows, apply_rows) \
+  { partial, apply, partial_rows, apply_rows }
 #else
 #define TPNORM_DEVICE_HOOKS(partial, apply) \
+  {}
+#define TPNORM_DEVICE_CHUNK_HOOKS(partial, apply, partial_rows, apply_rows) \
   {}
 #endif

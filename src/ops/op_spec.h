@@ -20,9 +20,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/nvtx.h"
+#include "ops/chunking.h"
 #include "ops/packed_call.h"
 #include "ops/validate.h"
 #include "tpnorm/communicator.h"
@@ -58,6 +61,23 @@ struct PayloadSize {
   size_t values = 0;          ///< payload values of the wire type after the call header
   double local_count = 0;     ///< this rank's element count per statistic set (header [1])
   size_t device_scratch = 0;  ///< device calls: scratch bytes after the payload (call.scratch())
+};
+
+/// Rows [begin, end) of a chunked call (ops/chunking.h): the runner runs partial_rows on each
+/// chunk, sums each chunk's payload slice in its own collective, and runs apply_rows on each
+/// chunk in order; `first` and `last` mark the call's first and last chunk.
+struct ChunkRows {
+  int64_t begin = 0, end = 0;
+  bool first = true, last = true;
+};
+
+/// What the runner needs to plan the chunks of a call whose statistics are per row; every field
+/// but local_bytes is agreed by the ranks (rows, dtype, statistics mode).
+struct ChunkInfo {
+  int64_t rows = 0;          ///< rows of the call
+  int64_t width = 0;         ///< payload values per row
+  int64_t reread_bytes = 0;  ///< input bytes per element the apply re-reads (x; x and dy)
+  int64_t local_bytes = 0;   ///< this rank's re-read bytes (rows x columns x reread_bytes)
 };
 
 class OpSpec {
@@ -96,6 +116,21 @@ class OpSpec {
   virtual void partial_device(PackedCall&, DeviceCommunicator&) {}
   virtual void apply_device(PackedCall&, DeviceCommunicator&) {}
 
+  /// Row chunks (ops/chunking.h, run_op.cpp). A spec whose statistics are per row may be run
+  /// chunk by chunk: partial_rows writes the payload rows [begin, end) (payload values from
+  /// begin * width on), apply_rows finishes the outputs of those rows from them. chunkable()
+  /// depends only on the op (the same on every rank), chunk_info() on agreed fields. The
+  /// partial and apply hooks above stay the one-chunk form.
+  virtual bool chunkable(bool on_device) const {
+    (void)on_device;
+    return false;
+  }
+  virtual ChunkInfo chunk_info() const { return {}; }
+  virtual void partial_rows(PackedCall&, const ChunkRows&) {}
+  virtual void apply_rows(PackedCall&, const ChunkRows&) {}
+  virtual void partial_rows_device(PackedCall&, DeviceCommunicator&, const ChunkRows&) {}
+  virtual void apply_rows_device(PackedCall&, DeviceCommunicator&, const ChunkRows&) {}
+
  private:
   const char* name_;
   Stats stats_;
@@ -107,6 +142,9 @@ template <class Args>
 struct DeviceHooks {
   void (*partial)(PackedCall&, DeviceCommunicator&, const Args&) = nullptr;
   void (*apply)(PackedCall&, DeviceCommunicator&, const Args&) = nullptr;
+  /// The same on rows [begin, end) of a chunked call (OpSpec::partial_rows); optional.
+  void (*partial_rows)(PackedCall&, DeviceCommunicator&, const Args&, const ChunkRows&) = nullptr;
+  void (*apply_rows)(PackedCall&, DeviceCommunicator&, const Args&, const ChunkRows&) = nullptr;
 };
 
 /// An OpSpec whose state is one `Args` (the call's views, options and geometry), with the
@@ -129,18 +167,35 @@ class SpecOf : public OpSpec {
   void apply_device(PackedCall& call, DeviceCommunicator& dev) final {
     device_.apply(call, dev, args_);
   }
+  void partial_rows_device(PackedCall& call, DeviceCommunicator& dev, const ChunkRows& c) final {
+    device_.partial_rows(call, dev, args_, c);
+  }
+  void apply_rows_device(PackedCall& call, DeviceCommunicator& dev, const ChunkRows& c) final {
+    device_.apply_rows(call, dev, args_, c);
+  }
 
  protected:
   Args args_;
 
  private:
   DeviceHooks<Args> device_;
+
+ protected:
+  /// Whether the device hooks include the chunk forms (for chunkable()).
+  bool has_device_chunks() const { return device_.partial_rows && device_.apply_rows; }
 };
 
 /// One call of `op` on `comm` in its two phases (the split-phase cut, tpnorm/split.h). The
 /// constructor is the start: validate -> agree -> prepare -> the header check's sum (strict
 /// host calls, under the partial) -> partial -> the payload's sum, started; finish() waits
-/// for it and applies. Either throws tpnorm::Error, the same on every rank, when any rank's
+/// for it and applies.
+///
+/// A large call of a chunkable spec is cut into K row chunks (ops/chunking.h: the rule, and
+/// TPNORM_CHUNK to force it off or on): the header is checked first, then start runs
+/// partial(0), sum(0), partial(1), sum(1), and finish runs wait(0) + apply(0), partial(2),
+/// sum(2), wait(1) + apply(1), ...: chunk k's sum is in flight while chunk k+1's partial runs,
+/// and chunk k's apply re-reads its inputs while they are still in cache. K collectives, each
+/// counted; below the rule's threshold one collective, as before. Either throws tpnorm::Error, the same on every rank, when any rank's
 /// call is invalid or they disagree; outputs are then untouched. Destroyed without finish()
 /// (a dropped handle): the sums in flight complete, nothing is written, and the next
 /// collective call on `comm` fails on every rank, naming this call.
@@ -157,8 +212,18 @@ class StartedOp {
   void finish();
   bool finished() const { return finished_; }
 
+  /// Collectives of the payload: the plan's chunks (1 when not chunked).
+  int64_t chunks() const { return plan_.chunks; }
+
  private:
   void start();
+  // Row chunks: plan after the header's check; run chunk k's partial (host or device), start
+  // its sum; wait for it and apply.
+  void plan_chunks(const ChunkInfo& info, const chunking::Request& req);
+  ChunkRows chunk(int64_t k) const;
+  void partial_chunk(int64_t k);
+  void start_chunk(int64_t k);
+  void apply_chunk(int64_t k);
 
   std::unique_ptr<OpSpec> owned_;
   OpSpec& op_;
@@ -173,6 +238,11 @@ class StartedOp {
   DeviceCommunicator* dev_ = nullptr;
   bool on_device_ = false;
   bool finished_ = false;
+  // Chunked calls: the plan (1 chunk: the one-collective path) and how far the pipeline is.
+  chunking::Plan plan_;
+  int64_t rows_ = 0, width_ = 0;
+  int64_t partials_ = 0;  // chunks whose partial has run
+  std::vector<Communicator::Request> sums_;  // started chunk sums, in chunk order
 };
 
 /// Starts `op` on `comm` for the split-phase API (tpnorm/split.h); the handle owns the spec.

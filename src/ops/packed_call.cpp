@@ -186,26 +186,70 @@ void PackedCall::begin_check() {
   header_req_ = comm_.start_all_reduce_sum(bytes_.data(), header_values_, wire_);
 }
 
+void PackedCall::force_strict() {
+  if (strict_) return;
+  strict_ = true;
+  check_ = true;
+  header_values_ = static_cast<size_t>(ch::header_values(true));
+}
+
+void PackedCall::check_header_first() {
+  if (header_checked_ || !strict_) return;
+  if (dev_) {
+    if (!dev_base_) prepare(0, 0);
+    std::vector<double> head(header_values_);
+    write_header(head.data(), DType::F64);
+    std::vector<double> sum = head;
+    control_sum(sum.data(), sum.size());
+    header_checked_ = true;
+    check_header(sum.data(), DType::F64);  // throws on every rank together
+    enqueue_device_header(head.data());
+    return;
+  }
+  if (bytes_.empty()) prepare(0, 0);
+  // The header first, in its own sum (started under the partial by begin_check), so that
+  // ranks that disagree on sizes never enter payload sums of different lengths. A call whose
+  // one sum could have carried it (check_in_sum) sends it now: its payload goes in slices.
+  if (!header_req_.id) {
+    write_header(bytes_.data(), wire_);
+    header_sent_ok_ = !failed_;
+    header_req_ = comm_.start_all_reduce_sum(bytes_.data(), header_values_, wire_);
+  }
+  wait_checked(header_req_);
+  // Failed after its header said it had not (a host partial that threw: std::bad_alloc):
+  // the others would apply this rank's missing statistics, and this rank cannot stay out of
+  // their payload sum without stranding them. End the job instead.
+  if (failed_ && header_sent_ok_)
+    comm_.abort_job("tpnorm: rank " + std::to_string(comm_.rank()) + " of " +
+                    std::to_string(comm_.size()) + ": " + op_ +
+                    " failed after its call header was sent: " + message_ +
+                    "; ending the job (the other ranks would use this rank's missing "
+                    "statistics)");
+  header_checked_ = true;
+  check_header(bytes_.data(), wire_);  // throws on every rank together
+}
+
+Communicator::Request PackedCall::start_slice(size_t first, size_t count) {
+  const size_t w = dtype_size(wire_);
+  if (dev_) {
+    // The first slice carries the header (written by check_header_first) to the apply kernels.
+    const size_t at = first == 0 ? 0 : header_values_ + first;
+    const size_t n = first == 0 ? header_values_ + count : count;
+    return comm_.start_all_reduce_sum(static_cast<char*>(dev_base_) + at * w, n, wire_);
+  }
+  return comm_.start_all_reduce_sum(static_cast<char*>(payload_data()) + first * w, count, wire_);
+}
+
 void PackedCall::start_reduce() {
-  if (dev_) return reduce_device();
+  if (dev_ && !header_checked_) return reduce_device();
+  if (dev_) {  // header checked and written (check_header_first): header + payload at once
+    comm_.all_reduce_sum(dev_base_, header_values_ + payload_values_, wire_);
+    return;
+  }
   if (bytes_.empty()) prepare(0, 0);
   void* base = bytes_.data();
-  if (strict_ && !check_in_sum()) {
-    // The header first, in its own sum (started under the partial by begin_check), so that
-    // ranks that disagree on sizes never enter payload sums of different lengths.
-    begin_check();
-    wait_checked(header_req_);
-    // Failed after its header said it had not (a host partial that threw: std::bad_alloc):
-    // the others would apply this rank's missing statistics, and this rank cannot stay out of
-    // their payload sum without stranding them. End the job instead.
-    if (failed_ && header_sent_ok_)
-      comm_.abort_job("tpnorm: rank " + std::to_string(comm_.rank()) + " of " +
-                      std::to_string(comm_.size()) + ": " + op_ +
-                      " failed after its call header was sent: " + message_ +
-                      "; ending the job (the other ranks would use this rank's missing "
-                      "statistics)");
-    header_checked_ = true;
-    check_header(base, wire_);  // throws on every rank together
+  if (header_checked_ || (strict_ && !check_in_sum())) {
+    check_header_first();  // nothing left to do when a chunked call's runner checked it first
     payload_req_ = comm_.start_all_reduce_sum(payload_data(), payload_values_, wire_);
   } else {
     write_header(base, wire_);

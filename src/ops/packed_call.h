@@ -124,6 +124,21 @@ class PackedCall {
   /// After reduce(): the sum of local counts over all ranks.
   double global_count() const { return global_count_; }
 
+  /// Row chunks (ops/chunking.h, run_op.cpp): a chunked call checks its header in its own sum
+  /// first (as a strict call does), then sums its payload in K slices.
+  ///   force_strict()        before prepare(): this call checks its header first even after
+  ///                         the communicator's strict calls (the same on every rank);
+  ///   check_header_first()  strict calls: waits for the header's sum (begin_check's) and checks
+  ///                         it, throwing the same error on every rank; global_count() is then
+  ///                         known. Device: the host control sum, then the header's write;
+  ///   start_slice()         the non-blocking sum of payload values [first, first + count);
+  ///                         on device the slice at 0 also carries the header, which the apply
+  ///                         kernels check (each slice's wait orders the device work after it).
+  void force_strict();
+  bool strict() const { return strict_; }
+  void check_header_first();
+  Communicator::Request start_slice(size_t first, size_t count);
+
  private:
   struct FieldValue {
     const char* name;

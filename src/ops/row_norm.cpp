@@ -1,6 +1,7 @@
 // row_norm.cpp — the LayerNorm / RMSNorm specs (see tpnorm/norm.h for the formulas). LayerNorm
 // and RMSNorm differ only in `centered`; the one runner (op_spec.h) drives both.
 #include <memory>
+#include <vector>
 
 #include "ops/device_hooks.h"
 #include "ops/op_spec.h"
@@ -16,6 +17,23 @@ namespace {
 // collective, which checks the arguments, before any output is written.
 RowRun row_run(const Communicator& comm, const NormOptions& opt) {
   return {opt.num_threads, comm.size() == 1};
+}
+
+// Chunks (OpSpec::partial_rows): the payload slice of rows from c.begin, and the run of a chunk.
+void* stats_at(PackedCall& call, const ChunkRows& c, int64_t width) {
+  return static_cast<char*>(call.payload_data()) +
+         static_cast<size_t>(c.begin * width) * dtype_size(call.wire());
+}
+RowRun chunk_run(RowRun run, const ChunkRows& c, int64_t rows) {
+  run.row0 = c.begin;
+  run.call_rows = rows;
+  run.param_last = c.last;
+  return run;
+}
+template <class Tensor>
+ChunkInfo row_chunk_info(const Tensor& a, Stats stats, bool forward) {
+  const auto reread = static_cast<int64_t>(dtype_size(a.x.dtype)) * (forward ? 1 : 2);
+  return {a.g.rows, row_stat_width(a.centered, stats, forward), reread, a.g.rows * a.g.h * reread};
 }
 
 void agree_rows(PackedCall& call, const TensorView& x, int64_t rows, bool centered,
@@ -53,6 +71,22 @@ class RowForwardOp final : public SpecOf<RowForwardCall> {
     row_forward_apply(args_.a, call.wire(), call.payload_data(), call.global_count(), args_.opt.eps,
                       args_.run);
   }
+
+  bool chunkable(bool on_device) const override { return !on_device || has_device_chunks(); }
+  ChunkInfo chunk_info() const override { return row_chunk_info(args_.a, args_.opt.stats, true); }
+  void partial_rows(PackedCall& call, const ChunkRows& c) override {
+    if (!args_.run.fused)
+      row_forward_partial(rows_of(args_.a, c.begin, c.end), call.wire(),
+                          stats_at(call, c, width()), chunk_run(args_.run, c, args_.a.g.rows));
+  }
+  void apply_rows(PackedCall& call, const ChunkRows& c) override {
+    if (c.first) check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
+    row_forward_apply(rows_of(args_.a, c.begin, c.end), call.wire(), stats_at(call, c, width()),
+                      call.global_count(), args_.opt.eps, chunk_run(args_.run, c, args_.a.g.rows));
+  }
+
+ private:
+  int64_t width() const { return row_stat_width(args_.a.centered, args_.opt.stats, true); }
 };
 
 class RowBackwardOp final : public SpecOf<RowBackwardCall> {
@@ -81,10 +115,38 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
     check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
     row_backward_apply(args_.a, call.wire(), call.payload_data(), call.global_count(), args_.run);
   }
+
+  // Device chunks: dx only so far (the device dgamma/dbeta pass reads every row itself), so a
+  // backward on a device communicator is not chunked.
+  bool chunkable(bool on_device) const override { return !on_device; }
+  ChunkInfo chunk_info() const override { return row_chunk_info(args_.a, args_.opt.stats, false); }
+  void partial_rows(PackedCall& call, const ChunkRows& c) override {
+    if (!args_.run.fused)
+      row_backward_partial(rows_of(args_.a, c.begin, c.end), call.wire(),
+                           stats_at(call, c, width()), chunk_run(args_.run, c, args_.a.g.rows));
+  }
+  // dgamma/dbeta: one accumulator for the call's chunks, in the order of the unchunked call
+  // (row_stages.h RowRun::param_acc); written by the last chunk.
+  void apply_rows(PackedCall& call, const ChunkRows& c) override {
+    RowRun run = chunk_run(args_.run, c, args_.a.g.rows);
+    if (c.first) {
+      check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
+      param_acc_.assign(row_backward_acc_size(args_.a, call.wire(), run), 0.0);
+    }
+    run.param_acc = param_acc_.data();
+    row_backward_apply(rows_of(args_.a, c.begin, c.end), call.wire(), stats_at(call, c, width()),
+                       call.global_count(), run);
+    if (c.last) param_acc_ = {};
+  }
+
+ private:
+  int64_t width() const { return row_stat_width(args_.a.centered, args_.opt.stats, false); }
+  std::vector<double> param_acc_;
 };
 
 constexpr DeviceHooks<RowForwardCall> kForwardDevice =
-    TPNORM_DEVICE_HOOKS(row_forward_partial_cuda, row_forward_apply_cuda);
+    TPNORM_DEVICE_CHUNK_HOOKS(row_forward_partial_cuda, row_forward_apply_cuda,
+                              row_forward_partial_rows_cuda, row_forward_apply_rows_cuda);
 constexpr DeviceHooks<RowBackwardCall> kBackwardDevice =
     TPNORM_DEVICE_HOOKS(row_backward_partial_cuda, row_backward_apply_cuda);
 

@@ -13,7 +13,21 @@ namespace {
 namespace kc = kernels::cpu;
 
 kc::RowNormArgs kernel_args(const RowGeometry& g, bool centered, RowRun run) {
-  return {g.rows, g.h, centered, run.threads, run.fused};
+  kc::RowNormArgs k{g.rows, g.h, centered, run.threads, run.fused};
+  k.row0 = run.row0;
+  k.call_rows = run.call_rows;
+  k.param_acc = run.param_acc;
+  k.param_last = run.param_last;
+  return k;
+}
+
+// Rows [r0, r1) of a view of rows x h elements (leading dims flattened); absent stays absent.
+TensorView row_slice(const TensorView& v, int64_t r0, int64_t r1, int64_t h) {
+  if (!v.present() || !v.data) return v;
+  TensorView s = v;
+  s.data = static_cast<char*>(v.data) + static_cast<size_t>(r0 * h) * dtype_size(v.dtype);
+  s.shape = h == 1 && v.shape.ndim == 1 ? Shape{r1 - r0} : Shape{r1 - r0, h};
+  return s;
 }
 
 // Stats::kExact (wire int64): the summed limbs become each row's final statistics, which the
@@ -90,6 +104,35 @@ void with_row_ptrs(const Args& a, DType stats, Fn&& fn) {
 }
 
 }  // namespace
+
+RowForward rows_of(const RowForward& a, int64_t r0, int64_t r1) {
+  RowForward c = a;
+  const int64_t h = a.g.h;
+  c.x = row_slice(a.x, r0, r1, h);
+  c.y = row_slice(a.y, r0, r1, h);
+  c.mean = row_slice(a.mean, r0, r1, 1);
+  c.rstd = row_slice(a.rstd, r0, r1, 1);
+  c.g.rows = r1 - r0;
+  return c;
+}
+
+RowBackward rows_of(const RowBackward& a, int64_t r0, int64_t r1) {
+  RowBackward c = a;
+  const int64_t h = a.g.h;
+  c.dy = row_slice(a.dy, r0, r1, h);
+  c.x = row_slice(a.x, r0, r1, h);
+  c.dx = row_slice(a.dx, r0, r1, h);
+  c.mean = row_slice(a.mean, r0, r1, 1);
+  c.rstd = row_slice(a.rstd, r0, r1, 1);
+  c.g.rows = r1 - r0;
+  return c;
+}
+
+size_t row_backward_acc_size(const RowBackward& a, DType wire, RowRun run) {
+  kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  k.final_stats = wire == DType::I64;  // the exact mode's fixed row blocks
+  return kc::row_param_acc_size(k);
+}
 
 int64_t row_stat_width(bool centered, Stats stats, bool forward) {
   if (stats == Stats::kExact) return kc::exact_row_limbs(centered, forward);

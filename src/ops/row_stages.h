@@ -87,7 +87,19 @@ void validate_row_backward(Validator& v, const std::string& prefix, const RowBac
 struct RowRun {
   int threads = 0;
   bool fused = false;
+  /// A chunk of a chunked call (ops/chunking.h): the stages run on rows_of(a, row0, ...) of a
+  /// call of call_rows rows (0: the whole call); backward dgamma/dbeta accumulate over the
+  /// chunks in param_acc (row_backward_acc_size doubles, zeroed) and are written by the chunk
+  /// with param_last (see kernels/cpu/row_norm.h RowNormArgs).
+  int64_t row0 = 0, call_rows = 0;
+  double* param_acc = nullptr;
+  bool param_last = true;
 };
+
+/// Rows [r0, r1) of a row tensor's views (data offset, leading dims flattened), as a tensor of
+/// its own: what one chunk's stages run on.
+RowForward rows_of(const RowForward& a, int64_t r0, int64_t r1);
+RowBackward rows_of(const RowBackward& a, int64_t r0, int64_t r1);
 
 /// One row-norm call (row_norm.cpp): its tensor, options and kernel run; what the host and
 /// device hooks of its spec read.
@@ -108,5 +120,7 @@ void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, d
                        RowRun run);
 void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun run);
 void row_backward_apply(const RowBackward& a, DType wire, void* stats, double n, RowRun run);
+/// Doubles of RowRun::param_acc for a chunked backward call of `a` (the whole call's rows).
+size_t row_backward_acc_size(const RowBackward& a, DType wire, RowRun run);
 
 }  // namespace tpnorm::detail

@@ -1,11 +1,16 @@
 // run_op.cpp — the one runner of every op (see op_spec.h for the phases and the hooks).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/exact_sum.h"
 #include "common/nvtx.h"
+#include "kernels/cpu/loops.h"
 #include "ops/op_spec.h"
 #include "tpnorm/error.h"
 
@@ -49,6 +54,43 @@ const char* traced(const Communicator& comm, const OpSpec& op) {
   return comm.device().kind != DeviceKind::CPU ? op.name() : nullptr;
 }
 
+// The per-core L2 in bytes (sysfs; 1 MiB when unknown).
+int64_t l2_bytes() {
+  static const int64_t bytes = [] {
+    int64_t b = 0;
+    if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r")) {
+      long v = 0;
+      char unit = 0;
+      if (std::fscanf(f, "%ld%c", &v, &unit) >= 1)
+        b = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
+      std::fclose(f);
+    }
+    return b > 0 ? b : int64_t{1} << 20;
+  }();
+  return bytes;
+}
+
+// The chunk rule (ops/chunking.h): on a host, from this machine's caches; on a device, chunks of
+// a quarter of an H200's 50 MB L2 (not measured yet: auto never chunks device calls).
+chunking::Rule chunk_rule(bool on_device) {
+  if (on_device) {
+    chunking::Rule r;
+    r.chunk_bytes = int64_t{12} << 20;
+    return r;
+  }
+  static const chunking::Rule host = chunking::host_rule(
+      l2_bytes(), kernels::cpu::last_level_cache_bytes(),
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  return host;
+}
+
+// TPNORM_CHUNK as an agreement field: ranks that would plan differently disagree.
+double chunk_field(const chunking::Request& r) {
+  if (r.mode == chunking::Mode::kOff) return -1;
+  if (r.mode == chunking::Mode::kAuto) return -2;
+  return static_cast<double>(r.rows);
+}
+
 }  // namespace
 
 StartedOp::StartedOp(Communicator& comm, OpSpec& op)
@@ -72,7 +114,24 @@ StartedOp::StartedOp(Communicator& comm, std::unique_ptr<OpSpec> op)
 
 StartedOp::~StartedOp() {
   // Constructed means started: a start that threw never gets here. call_'s destructor
-  // completes the sums every rank started.
+  // completes the sums every rank started; a chunked call's are here. A chunked call dropped
+  // without finish() still makes its remaining chunks' sums (with their partials, so that a peer
+  // that does finish gets the right statistics): every rank makes the same collectives.
+  if (!finished_ && plan_.chunks > 1) {
+    try {
+      for (auto k = static_cast<int64_t>(sums_.size()); k < plan_.chunks; ++k) {
+        if (partials_ <= k) partial_chunk(k);
+        start_chunk(k);
+      }
+    } catch (...) {
+    }
+  }
+  for (Communicator::Request& r : sums_) {
+    try {
+      comm_.wait(r);
+    } catch (...) {
+    }
+  }
   if (!finished_ && op_.collective())
     comm_.note_abandoned_call("a started " + std::string(op_.name()) + " (call " +
                               std::to_string(call_.sequence()) +
@@ -104,6 +163,15 @@ void StartedOp::start() {
 
   op_.validate(v);
   op_.agree(call_);
+  // Row chunks (ops/chunking.h): every rank reads the same TPNORM_CHUNK (agreed); forced
+  // chunking checks the header first in every call, as strict calls do.
+  const bool chunkable = op_.collective() && op_.chunkable(on_device_);
+  chunking::Request req;
+  if (chunkable) {
+    req = chunking::parse(std::getenv("TPNORM_CHUNK"));
+    call_.agree("chunking", chunk_field(req));
+    if (req.mode == chunking::Mode::kOn) call_.force_strict();
+  }
   const PayloadSize size = op_.payload();
   if (on_device_)
     prepare_device(call_, comm_, *dev_, size);
@@ -112,6 +180,32 @@ void StartedOp::start() {
   // Every field and this rank's verdict are known: the header's sum may start now and run
   // under the partial (strict host calls; nothing otherwise).
   if (op_.collective()) call_.begin_check();
+
+  // Chunks need the global column count, i.e. the header's sum: auto chunking runs on strict
+  // host calls at P > 1 (on MPI communicators every call is strict), forced chunking on every
+  // call. A rank whose own share is large waits for the header before its partial, so that its
+  // chunks' partials can be pipelined; the others run the whole partial first (its latency
+  // stays hidden) and plan after it. Both plan the same chunks from agreed values.
+  const ChunkInfo info = chunkable ? op_.chunk_info() : ChunkInfo{};
+  const chunking::Rule rule = chunk_rule(on_device_);
+  const bool may_chunk =
+      chunkable && call_.strict() && info.rows >= 2 && req.mode != chunking::Mode::kOff &&
+      (req.mode == chunking::Mode::kOn || (!on_device_ && comm_.size() > 1));
+  if (may_chunk && !call_.failed() &&
+      (req.mode == chunking::Mode::kOn || info.local_bytes >= rule.min_chunks * rule.chunk_bytes)) {
+    {
+      nvtx::Phase phase(trace_, "collective");
+      call_.check_header_first();  // throws on every rank together
+    }
+    plan_chunks(info, req);
+    if (plan_.chunks > 1) {
+      for (int64_t k = 0; k < std::min<int64_t>(2, plan_.chunks); ++k) {
+        partial_chunk(k);
+        start_chunk(k);
+      }
+      return;
+    }
+  }
 
   // Nothing below writes an output before the collective has confirmed that every rank's call
   // is valid and agrees, and nothing before the collective keeps a rank out of it: a partial
@@ -132,15 +226,94 @@ void StartedOp::start() {
   }
   if (op_.collective()) {
     nvtx::Phase phase(trace_, "collective");
+    if (may_chunk) {  // the whole partial ran before the plan: start every chunk's sum now
+      call_.check_header_first();
+      plan_chunks(info, req);
+      if (plan_.chunks > 1) {
+        partials_ = plan_.chunks;
+        for (int64_t k = 0; k < plan_.chunks; ++k) start_chunk(k);
+        return;
+      }
+    }
     call_.start_reduce();
   } else {
     call_.throw_if_failed_locally(comm_.rank());
   }
 }
 
+void StartedOp::plan_chunks(const ChunkInfo& info, const chunking::Request& req) {
+  chunking::Shape s;
+  s.rows = info.rows;
+  s.columns = static_cast<int64_t>(call_.global_count());
+  s.ranks = comm_.size();
+  s.reread_bytes = info.reread_bytes;
+  plan_ = chunking::plan(s, chunk_rule(on_device_), req);
+  rows_ = info.rows;
+  width_ = info.width;
+  if (plan_.chunks > 1) sums_.reserve(static_cast<size_t>(plan_.chunks));
+}
+
+ChunkRows StartedOp::chunk(int64_t k) const {
+  return {plan_.begin(k), plan_.end(k, rows_), k == 0, k + 1 == plan_.chunks};
+}
+
+// After the header's check every rank relies on this rank's statistics: a partial that throws
+// now cannot be reported in the collective any more, so it ends the job (as PackedCall does for
+// a partial that fails after a strict header was sent).
+void StartedOp::partial_chunk(int64_t k) {
+  nvtx::Phase phase(trace_, "partial");
+  try {
+    if (on_device_)
+      op_.partial_rows_device(call_, *dev_, chunk(k));
+    else
+      op_.partial_rows(call_, chunk(k));
+  } catch (const std::exception& e) {
+    comm_.abort_job("tpnorm: rank " + std::to_string(comm_.rank()) + " of " +
+                    std::to_string(comm_.size()) + ": " + op_.name() + " failed in chunk " +
+                    std::to_string(k) + " after its call header was checked: " + e.what() +
+                    "; ending the job (the other ranks would use this rank's missing "
+                    "statistics)");
+  }
+  partials_ = k + 1;
+}
+
+void StartedOp::start_chunk(int64_t k) {
+  nvtx::Phase phase(trace_, "collective");
+  const ChunkRows c = chunk(k);
+  const auto w = static_cast<size_t>(width_);
+  sums_.push_back(call_.start_slice(static_cast<size_t>(c.begin) * w,
+                                    static_cast<size_t>(c.end - c.begin) * w));
+}
+
+void StartedOp::apply_chunk(int64_t k) {
+  {
+    nvtx::Phase phase(trace_, "collective");
+    comm_.wait(sums_[static_cast<size_t>(k)]);
+  }
+  nvtx::Phase phase(trace_, "apply");
+  if (on_device_)
+    op_.apply_rows_device(call_, *dev_, chunk(k));
+  else
+    op_.apply_rows(call_, chunk(k));
+}
+
 void StartedOp::finish() {
   if (finished_) return;
   finished_ = true;  // a finish that throws (a failed call) is finished too: nothing to redo
+  if (plan_.chunks > 1) {
+    // wait(0) + apply(0), partial(2), sum(2), wait(1) + apply(1), ...: chunk k+1's sum is in
+    // flight while chunk k is applied, chunk k+2's partial runs while chunk k+1's sum is.
+    for (int64_t k = 0; k < plan_.chunks; ++k) {
+      const int64_t next = k + 1;
+      if (next < plan_.chunks && static_cast<int64_t>(sums_.size()) <= next) {
+        if (partials_ <= next) partial_chunk(next);
+        start_chunk(next);
+      }
+      apply_chunk(k);
+    }
+    trace_.end();
+    return;
+  }
   if (op_.collective()) {
     nvtx::Phase phase(trace_, "collective");
     call_.finish_reduce();

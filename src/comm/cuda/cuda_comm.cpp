@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/cuda/watchdog.h"
@@ -349,6 +350,17 @@ class NcclCommunicator final : public CudaCommBase {
     h.describe = [this](const char* op, uint64_t seq) { return watchdog_message(op, seq); };
     h.fire = [this](const std::string& m) { end_job(m); };
     watchdog_ = std::make_unique<detail::Watchdog>(std::move(h));
+    // The stream of the non-blocking sums (see do_start_all_reduce_sum); without it they run
+    // on the caller's stream, as blocking ones do.
+    {
+      detail::DeviceGuard g(device_);
+      int least = 0, greatest = 0;
+      if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
+          cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest) != cudaSuccess) {
+        (void)cudaGetLastError();
+        side_ = nullptr;
+      }
+    }
   }
   ~NcclCommunicator() override {
     watchdog_.reset();  // joins its thread before anything it touches goes
@@ -357,6 +369,12 @@ class NcclCommunicator final : public CudaCommBase {
       cudaGetDevice(&prev);
       cudaSetDevice(device_);
       cudaStreamSynchronize(stream_);
+      if (side_) {
+        cudaStreamSynchronize(side_);
+        cudaStreamDestroy(side_);
+      }
+      for (auto& p : started_) cudaEventDestroy(p.second);
+      for (cudaEvent_t e : spare_) cudaEventDestroy(e);
       for (cudaEvent_t e : events_) cudaEventDestroy(e);
       if (ctrl_) cudaFree(ctrl_);
       cudaSetDevice(prev);
@@ -386,6 +404,7 @@ class NcclCommunicator final : public CudaCommBase {
       ctrl_cap_ = bytes;
     }
     TPNORM_CHECK(CUDA, cudaMemcpyAsync(ctrl_, buf, bytes, cudaMemcpyHostToDevice, stream_));
+    after_side_sums();
     collective(ctrl_, n, ncclFloat64);
     TPNORM_CHECK(CUDA, cudaMemcpyAsync(buf, ctrl_, bytes, cudaMemcpyDeviceToHost, stream_));
     cudaError_t e = cudaSuccess;
@@ -401,15 +420,72 @@ class NcclCommunicator final : public CudaCommBase {
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
     const size_t bytes = count * dtype_size(dtype);
     if (!joinable(buf, bytes)) end_job(cannot_join_message(bytes));
+    after_side_sums();
     collective(buf, count, nccl_type(dtype));
     watch();
   }
 
+  // Non-blocking sums (a chunked call's chunks, ops/chunking.h) run on the side stream: it waits
+  // for an event that marks the caller's stream now (the chunk's partial), runs the all-reduce,
+  // and records `done`; wait() makes the caller's stream wait for `done`. No host
+  // synchronisation: the caller's stream runs the next chunk's partial while this sum is in
+  // flight. Sums keep their issue order (one side stream), and a blocking collective issued
+  // while side sums are outstanding waits for them on the device (after_side_sums), so every
+  // rank's NCCL operations stay in the order the ranks issued them.
+  void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, DType dtype) override {
+    if (!side_) return do_all_reduce_sum(buf, count, dtype);
+    const size_t bytes = count * dtype_size(dtype);
+    if (!joinable(buf, bytes)) end_job(cannot_join_message(bytes));
+    detail::DeviceGuard g(device_);
+    cudaEvent_t ready = spare_event(), done = spare_event();
+    side_call(cudaEventRecord(ready, stream_));
+    side_call(cudaStreamWaitEvent(side_, ready, 0));
+    spare_.push_back(ready);  // reusable: the wait above took its state when it was enqueued
+    collective(buf, count, nccl_type(dtype), side_);
+    side_call(cudaEventRecord(done, side_));
+    watch(side_);
+    started_.emplace_back(id, done);
+  }
+  void do_wait(uint64_t id) override {
+    for (auto it = started_.begin(); it != started_.end(); ++it) {
+      if (it->first != id) continue;
+      detail::DeviceGuard g(device_);
+      side_call(cudaStreamWaitEvent(stream_, it->second, 0));
+      spare_.push_back(it->second);
+      started_.erase(it);
+      return;
+    }
+  }
+
  private:
+  // The caller's stream waits (on the device) for every side sum not yet waited.
+  void after_side_sums() {
+    if (started_.empty()) return;
+    side_call(cudaStreamWaitEvent(stream_, started_.back().second, 0));
+  }
+  cudaEvent_t spare_event() {
+    if (!spare_.empty()) {
+      cudaEvent_t e = spare_.back();
+      spare_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    side_call(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  // A side sum's event or wait that could not be enqueued: the peers are (or will be) inside
+  // the collective, so end the job as for a failed collective.
+  void side_call(cudaError_t e) {
+    if (e == cudaSuccess) return;
+    end_job("tpnorm: rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+            ": ordering a non-blocking sum on the device failed (" + detail::CUDA_error_string(e) +
+            "); aborting the job (the other ranks cannot finish the collective)");
+  }
+
   // Enqueues the all-reduce; a failure here leaves the peers inside theirs: end the job.
-  void collective(void* buf, size_t count, ncclDataType_t type) {
-    const ncclResult_t r =
-        settle(comm_, ncclAllReduce(buf, buf, count, type, ncclSum, comm_, stream_), timeout());
+  void collective(void* buf, size_t count, ncclDataType_t type, cudaStream_t on = nullptr) {
+    const ncclResult_t r = settle(
+        comm_, ncclAllReduce(buf, buf, count, type, ncclSum, comm_, on ? on : stream_), timeout());
     if (r == ncclSuccess) return;
     end_job(r == ncclInProgress
                 ? watchdog_message()
@@ -420,7 +496,8 @@ class NcclCommunicator final : public CudaCommBase {
 
   // An event after the collective, for the watchdog thread (not while capturing: a replay is
   // not enqueued by tpnorm, and the event would become part of the graph).
-  void watch() {
+  void watch(cudaStream_t on = nullptr) {
+    if (!on) on = stream_;
     if (!(timeout() > 0) || capturing()) return;
     uint64_t t = 0;
     {
@@ -437,7 +514,7 @@ class NcclCommunicator final : public CudaCommBase {
       t = free_events_.back();
       free_events_.pop_back();
     }
-    if (cudaEventRecord(event(t), stream_) != cudaSuccess) {
+    if (cudaEventRecord(event(t), on) != cudaSuccess) {
       (void)cudaGetLastError();
       std::lock_guard<std::mutex> g(ev_mu_);
       free_events_.push_back(t);
@@ -468,6 +545,11 @@ class NcclCommunicator final : public CudaCommBase {
   std::mutex ev_mu_;
   std::vector<cudaEvent_t> events_;
   std::vector<uint64_t> free_events_;
+  // Non-blocking sums: their stream, the `done` event of each sum not yet waited (by request
+  // id, in issue order), and events free for reuse.
+  cudaStream_t side_ = nullptr;
+  std::vector<std::pair<uint64_t, cudaEvent_t>> started_;
+  std::vector<cudaEvent_t> spare_;
   std::unique_ptr<detail::Watchdog> watchdog_;  // last: its thread uses the members above
 };
 

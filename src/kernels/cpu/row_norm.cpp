@@ -45,9 +45,18 @@ constexpr int kParamRows = 16;
 constexpr int64_t kFixedRows = 256;
 
 // tensors: how many row-major [rows, h] tensors the kernel reads and writes.
+// The whole call's rows (a chunk decides as its call does).
 template <class T>
 bool stream_rows(const RowNormArgs& a, int tensors) {
-  return stream_output<T>(tensors * a.rows * a.h * static_cast<int64_t>(sizeof(T)));
+  const int64_t rows = a.call_rows > 0 ? a.call_rows : a.rows;
+  return stream_output<T>(tensors * rows * a.h * static_cast<int64_t>(sizeof(T)));
+}
+
+// dgamma/dbeta accumulator slots (2h doubles each): one per thread, or with final_stats one per
+// kFixedRows block of the whole call.
+int64_t param_slots(const RowNormArgs& a) {
+  const int64_t rows = a.call_rows > 0 ? a.call_rows : a.rows;
+  return a.final_stats ? (rows + kFixedRows - 1) / kFixedRows : thread_count(a.threads, rows);
 }
 
 // Row r of base, kAheadBytes on (the prefetch target while row r is read), or null where that
@@ -220,16 +229,19 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
   const bool params = dgamma || dbeta;
   const bool stream = stream_rows<T>(a, 3);
   // Per-thread column sums in double, added in a fixed order: deterministic for a thread count.
-  // With final_stats: per-block sums instead (kFixedRows), deterministic for any thread count.
+  // With final_stats: per-block sums instead (kFixedRows rows of the call), deterministic for
+  // any thread count. A chunked call (a.param_acc) keeps them across its chunks.
   const bool fixed = params && a.final_stats;
   const int64_t span = fixed ? kFixedRows : 1;  // rows per work item of the loop
-  const int64_t items = (a.rows + span - 1) / span;
-  const int64_t slots = fixed ? items : nt;
-  std::vector<double> acc(params ? static_cast<size_t>(slots) * 2 * h : 0, 0.0);
+  const int64_t first = fixed ? a.row0 / span : 0;  // the call's block of this chunk's row 0
+  const int64_t items = fixed ? (a.row0 + a.rows + span - 1) / span - first : a.rows;
+  const int64_t slots = params ? param_slots(a) : 0;
+  std::vector<double> own(params && !a.param_acc ? static_cast<size_t>(slots) * 2 * h : 0, 0.0);
+  double* acc = a.param_acc ? a.param_acc : own.data();
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
-    double* dg = params ? acc.data() + static_cast<size_t>(t) * 2 * h : nullptr;
+    double* dg = params ? acc + static_cast<size_t>(t) * 2 * h : nullptr;
     double* db = params ? dg + h : nullptr;
     // This thread's float32 sums over its last (< kParamRows) rows.
     // dbf is 64 bytes further than h on: with h a multiple of 1024, dgf[j] and dbf[j] would be
@@ -249,11 +261,14 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
     };
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
+      int64_t r0 = item, r1 = item + 1;  // this chunk's rows of the item
       if (fixed) {
-        dg = acc.data() + static_cast<size_t>(item) * 2 * h;
+        dg = acc + static_cast<size_t>(first + item) * 2 * h;
         db = dg + h;
+        r0 = std::max<int64_t>(0, (first + item) * span - a.row0);
+        r1 = std::min(a.rows, (first + item + 1) * span - a.row0);
       }
-      for (int64_t r = item * span; r < std::min(a.rows, (item + 1) * span); ++r) {
+      for (int64_t r = r0; r < r1; ++r) {
         float mh = 0, mt = 0;
         if (a.centered) split_mean(mean[r], mh, mt);
         const float rs = static_cast<float>(rstd[r]);
@@ -286,7 +301,7 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
     if (params && pending > 0) flush();
     if (stream) stream_fence();
   }
-  if (!params) return;
+  if (!params || (a.param_acc && !a.param_last)) return;
   for (int64_t j = 0; j < h; ++j) {
     double g = 0, b = 0;
     for (int64_t t = 0; t < slots; ++t) {
@@ -296,6 +311,10 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
     if (dgamma) dgamma[j] = from_float<P>(static_cast<float>(g));
     if (dbeta) dbeta[j] = from_float<P>(static_cast<float>(b));
   }
+}
+
+size_t row_param_acc_size(const RowNormArgs& a) {
+  return static_cast<size_t>(param_slots(a)) * 2 * static_cast<size_t>(a.h);
 }
 
 #define TPNORM_ROW_W(T, W) \

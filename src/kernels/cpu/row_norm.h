@@ -13,6 +13,7 @@
 // float32 parameters and parameter gradients (mixed precision, as apex's MixedFusedLayerNorm).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tpnorm::kernels::cpu {
@@ -29,7 +30,21 @@ struct RowNormArgs {
   /// sums (kernels/cpu/exact_rows.h): forward {mean, var} centred or {mean square}; backward
   /// {sum g / n, sum g*xhat / n} or {sum g*xhat / n}. The apply kernels use them as they are.
   bool final_stats = false;
+  /// Row chunks of one call (ops/chunking.h): these rows are rows [row0, row0 + rows) of a call
+  /// of call_rows rows (0: rows, the whole call). Streaming stores are chosen for the whole
+  /// call; with final_stats the backward's fixed row blocks are counted from the call's row 0.
+  int64_t row0 = 0, call_rows = 0;
+  /// Backward of a chunked call: dgamma/dbeta are summed into param_acc (row_param_acc_size
+  /// doubles, zeroed by the caller, the same for every chunk of the call) and written only by
+  /// the chunk with param_last. The slots and the order of additions are those of the unchunked
+  /// call whenever every chunk starts at a multiple of 16 rows (kParamRows): the same bits at
+  /// one thread, and with final_stats at any thread count.
+  double* param_acc = nullptr;
+  bool param_last = true;
 };
+
+/// Doubles of RowNormArgs::param_acc for a call (a.call_rows or a.rows rows, a.threads).
+size_t row_param_acc_size(const RowNormArgs& a);
 
 template <class T, class W>
 void row_partial_forward(const RowNormArgs& a, const T* x, W* stats);

@@ -1,0 +1,324 @@
+// Chunked calls (ops/chunking.h, run_op's row chunks) under mpiexec at 2, 3, 4 ranks, with
+// TPNORM_CHUNK forcing the chunk rows (the same on every rank):
+// - LayerNorm / RMSNorm forward and backward cut into chunks against the float64 reference on
+//   the full data, element by element: hidden uneven, a rank with no column (3+ ranks), one row,
+//   rows not a multiple of the chunk, every statistics mode;
+// - the same bits as the unchunked call where chunking changes no order of additions: every
+//   output, dgamma/dbeta included, when chunks start at multiples of 16 rows (one OpenMP thread;
+//   Stats::kExact at any thread count);
+// - the counters: one header sum + K chunk sums when chunked, header + one payload sum when not;
+// - split-phase calls with several chunks in flight, finished in reverse order;
+// - the rule (TPNORM_CHUNK unset): a small call is never chunked, a large one is.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "reference.h"
+#include "tpnorm/mpi.h"
+#include "tpnorm/norm.h"
+#include "tpnorm/split.h"
+
+using namespace tpnorm;
+using namespace tpnorm_test;
+
+namespace {
+
+// TPNORM_CHUNK for the scope (set alike on every rank), restored after.
+class ChunkEnv {
+ public:
+  explicit ChunkEnv(const char* value) {
+    if (const char* old = std::getenv("TPNORM_CHUNK")) old_ = old, had_ = true;
+    if (value)
+      setenv("TPNORM_CHUNK", value, 1);
+    else
+      unsetenv("TPNORM_CHUNK");
+  }
+  ~ChunkEnv() {
+    if (had_)
+      setenv("TPNORM_CHUNK", old_.c_str(), 1);
+    else
+      unsetenv("TPNORM_CHUNK");
+  }
+
+ private:
+  std::string old_;
+  bool had_ = false;
+};
+
+// Hidden split: uneven, with nothing on rank 1 at 3+ ranks.
+Split hidden_split(int64_t H) {
+  std::vector<int> w(world_size(), 2);
+  if (world_size() >= 3) w[1] = 0;
+  w[0] = 3;
+  return split_weighted(H, w);
+}
+
+struct Data {
+  int64_t R, H, c0 = 0, h = 0;
+  std::vector<float> X, G, B, DY;  // full data
+  std::vector<float> x, g, b, dy;  // this rank's columns
+  Data(uint64_t seed, int64_t rows, int64_t hidden, double offset) : R(rows), H(hidden) {
+    const Split s = hidden_split(H);
+    c0 = s.offset[world_rank()];
+    h = s.count[world_rank()];
+    X = normal(seed, 0, R * H, offset, 2.0);
+    G = normal(seed, 1, H, 1.0, 0.5);
+    B = normal(seed, 2, H);
+    DY = normal(seed, 3, R * H);
+    x = columns(X, R, H, c0, h);
+    g = columns(G, 1, H, c0, h);
+    b = columns(B, 1, H, c0, h);
+    dy = columns(DY, R, H, c0, h);
+  }
+  std::vector<double> mine(const std::vector<double>& full, int64_t rows) const {
+    std::vector<double> m(static_cast<size_t>(rows * h));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < h; ++c) m[r * h + c] = full[r * H + c0 + c];
+    return m;
+  }
+};
+
+struct Out {
+  std::vector<float> y, mean, rstd, dx, dg, db;
+  CommCounters fwd, bwd;  // counters of the forward and of the backward call
+};
+
+// Forward then backward of one row norm on `d`, each call's counters kept.
+Out run(Communicator& comm, bool centered, const Data& d, const NormOptions& opt) {
+  Out o;
+  o.y.resize(d.x.size());
+  o.dx.resize(d.x.size());
+  o.mean.resize(d.R);
+  o.rstd.resize(d.R);
+  o.dg.resize(d.h);
+  o.db.resize(d.h);
+  const Shape s{d.R, d.h}, p{d.h}, r{d.R};
+  comm.reset_counters();
+  if (centered)
+    layer_norm_forward(comm, view(d.x.data(), s), view(d.g.data(), p), view(d.b.data(), p),
+                       view(o.y.data(), s), view(o.mean.data(), r), view(o.rstd.data(), r), opt);
+  else
+    rms_norm_forward(comm, view(d.x.data(), s), view(d.g.data(), p), view(o.y.data(), s),
+                     view(o.rstd.data(), r), opt);
+  o.fwd = comm.counters();
+  comm.reset_counters();
+  if (centered)
+    layer_norm_backward(comm, view(d.dy.data(), s), view(d.x.data(), s), view(d.g.data(), p),
+                        view(o.mean.data(), r), view(o.rstd.data(), r), view(o.dx.data(), s),
+                        view(o.dg.data(), p), view(o.db.data(), p), opt);
+  else
+    rms_norm_backward(comm, view(d.dy.data(), s), view(d.x.data(), s), view(d.g.data(), p),
+                      view(o.rstd.data(), r), view(o.dx.data(), s), view(o.dg.data(), p), opt);
+  o.bwd = comm.counters();
+  return o;
+}
+
+int64_t wrong_vs_reference(bool centered, const Data& d, const Out& o, Stats stats) {
+  const RowRef ref = row_norm_reference(centered, d.X, d.R, d.H, d.G,
+                                        centered ? d.B : std::vector<float>{}, 1e-5, d.DY);
+  const double rt = stats == Stats::kNaive ? 2e-4 : 1e-4;
+  double rs = 1;
+  for (double v : ref.rstd) rs = std::max(rs, v);
+  int64_t wrong = count_wrong("y", o.y, d.mine(ref.y, d.R), rt, rt) +
+                  count_wrong("rstd", o.rstd, ref.rstd, 0, 1e-5) +
+                  count_wrong("dx", o.dx, d.mine(ref.dx, d.R), rt * rs, 10 * rt) +
+                  count_wrong("dgamma", o.dg, d.mine(ref.dgamma, 1), rt * d.R, rt);
+  if (centered)
+    wrong += count_wrong("mean", o.mean, ref.mean, 1e-5, 1e-5) +
+             count_wrong("dbeta", o.db, d.mine(ref.dbeta, 1), rt * d.R, rt);
+  return wrong;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct Case {
+  int64_t rows, hidden_per_rank, chunk_rows;
+  double offset;
+};
+
+class ChunkedCalls : public ::testing::TestWithParam<std::tuple<Case, bool, Stats>> {};
+
+TEST_P(ChunkedCalls, MatchReferenceCountChunksAndKeepTheUnchunkedBits) {
+  const auto [c, centered, stats] = GetParam();
+  // The naive mode's float32 sums lose the variance of data far from 0 (tpnorm/norm.h).
+  const Data d(7, c.rows, c.hidden_per_rank * world_size() + 1,
+               stats == Stats::kNaive ? 0.0 : c.offset);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  NormOptions opt;
+  opt.stats = stats;
+  Out off, on;
+  {
+    ChunkEnv e("off");
+    off = run(*comm, centered, d, opt);
+  }
+  {
+    ChunkEnv e(std::to_string(c.chunk_rows).c_str());
+    on = run(*comm, centered, d, opt);
+  }
+  EXPECT_EQ(sum_over_ranks(wrong_vs_reference(centered, d, on, stats)), 0) << "chunked";
+  EXPECT_EQ(sum_over_ranks(wrong_vs_reference(centered, d, off, stats)), 0) << "unchunked";
+
+  // Strict calls (the MPI default): the header's sum, then one payload sum or K chunk sums.
+  const int64_t k = c.rows < 2 ? 1 : ceil_div(c.rows, std::min(c.chunk_rows, c.rows));
+  EXPECT_EQ(off.fwd.calls, 2u);
+  EXPECT_EQ(off.bwd.calls, 2u);
+  EXPECT_EQ(on.fwd.calls, static_cast<uint64_t>(1 + k));
+  EXPECT_EQ(on.bwd.calls, static_cast<uint64_t>(1 + k));
+  EXPECT_EQ(on.fwd.bytes_sent, off.fwd.bytes_sent) << "the same payload, in slices";
+  EXPECT_EQ(on.bwd.bytes_sent, off.bwd.bytes_sent);
+
+  // The same bits: rows are independent, each sum adds the same values in the same order (at 2
+  // ranks any order; at 3-4 ranks the exchange's rank order, for sums up to 64 KiB as here).
+  EXPECT_EQ(on.y, off.y);
+  EXPECT_EQ(on.mean, off.mean);
+  EXPECT_EQ(on.rstd, off.rstd);
+  EXPECT_EQ(on.dx, off.dx);
+  // dgamma/dbeta: the unchunked call's order when chunks start at multiples of 16 rows.
+  if (c.chunk_rows % 16 == 0) {
+    EXPECT_EQ(on.dg, off.dg);
+    EXPECT_EQ(on.db, off.db);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ChunkedCalls,
+    ::testing::Combine(::testing::Values(Case{37, 5, 16, 3.0},  // rows not a multiple: 16,16,5
+                                         Case{64, 3, 16, 50.0},  // 4 chunks, |mean| >> std (float saved stats)
+                                         Case{1, 6, 16, 0.0},   // one row: not chunked
+                                         Case{45, 4, 7, 0.0},   // unaligned chunks of 7 rows
+                                         Case{600, 2, 256, 0.0}),  // chunks of 256: 256,256,88
+                       ::testing::Bool(),
+                       ::testing::Values(Stats::kRobust, Stats::kNaive, Stats::kExact)));
+
+// Stats::kExact's dgamma/dbeta are summed in fixed 256-row blocks: the unchunked bits at any
+// thread count, also when chunks split a block (chunks of 48 rows).
+TEST(ChunkedCallsThreads, ExactParamGradientsKeepTheirBitsAtTwoThreads) {
+  const Data d(9, 700, 3 * world_size() + 2, 1.0);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  NormOptions opt;
+  opt.stats = Stats::kExact;
+  opt.num_threads = 2;
+  Out off, on;
+  {
+    ChunkEnv e("off");
+    off = run(*comm, true, d, opt);
+  }
+  {
+    ChunkEnv e("48");
+    on = run(*comm, true, d, opt);
+  }
+  EXPECT_EQ(on.bwd.calls, static_cast<uint64_t>(1 + ceil_div(700, 48)));
+  EXPECT_EQ(on.dx, off.dx);
+  EXPECT_EQ(on.dg, off.dg);
+  EXPECT_EQ(on.db, off.db);
+  EXPECT_EQ(sum_over_ranks(wrong_vs_reference(true, d, on, Stats::kExact)), 0);
+}
+
+// Split phase: two chunked calls and one unchunked in flight on one communicator (several
+// chunk sums of each), finished in reverse order: the blocking calls' bits.
+TEST(ChunkedCallsSplitPhase, SeveralChunksInFlightFinishInReverseOrder) {
+  ChunkEnv e("8");
+  const Data a(11, 40, 3 * world_size(), 2.0), b(12, 33, 2 * world_size() + 1, 0.0),
+      t(13, 1, 5, 0.0);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  std::vector<float> ya(a.x.size()), ra(a.R), yb(b.x.size()), rb(b.R), mb(b.R), yt(t.x.size()),
+      rt(t.R);
+  comm->reset_counters();
+  PendingCall pa = rms_norm_forward_start(*comm, view(a.x.data(), {a.R, a.h}),
+                                          view(a.g.data(), {a.h}), view(ya.data(), {a.R, a.h}),
+                                          view(ra.data(), {a.R}));
+  EXPECT_EQ(comm->in_flight(), 2u) << "chunks 0 and 1 of 5 in flight after the start";
+  PendingCall pb = layer_norm_forward_start(
+      *comm, view(b.x.data(), {b.R, b.h}), view(b.g.data(), {b.h}), view(b.b.data(), {b.h}),
+      view(yb.data(), {b.R, b.h}), view(mb.data(), {b.R}), view(rb.data(), {b.R}));
+  PendingCall pt = rms_norm_forward_start(*comm, view(t.x.data(), {t.R, t.h}),
+                                          view(t.g.data(), {t.h}), view(yt.data(), {t.R, t.h}),
+                                          view(rt.data(), {t.R}));
+  EXPECT_EQ(comm->in_flight(), 5u);
+  pt.finish();
+  pb.finish();
+  pa.finish();
+  EXPECT_EQ(comm->in_flight(), 0u);
+  EXPECT_EQ(comm->counters().calls, (1u + 5u) + (1u + 5u) + 2u);
+
+  std::vector<float> ya2(ya.size()), ra2(ra.size()), yb2(yb.size()), rb2(rb.size()),
+      mb2(mb.size());
+  {
+    ChunkEnv off("off");
+    rms_norm_forward(*comm, view(a.x.data(), {a.R, a.h}), view(a.g.data(), {a.h}),
+                     view(ya2.data(), {a.R, a.h}), view(ra2.data(), {a.R}));
+    layer_norm_forward(*comm, view(b.x.data(), {b.R, b.h}), view(b.g.data(), {b.h}),
+                       view(b.b.data(), {b.h}), view(yb2.data(), {b.R, b.h}),
+                       view(mb2.data(), {b.R}), view(rb2.data(), {b.R}));
+  }
+  EXPECT_EQ(ya, ya2);
+  EXPECT_EQ(ra, ra2);
+  EXPECT_EQ(yb, yb2);
+  EXPECT_EQ(mb, mb2);
+  EXPECT_EQ(rb, rb2);
+  const RowRef ref = row_norm_reference(false, a.X, a.R, a.H, a.G, {}, 1e-5);
+  EXPECT_EQ(sum_over_ranks(count_wrong("a y", ya, a.mine(ref.y, a.R), 1e-4, 1e-4)), 0);
+}
+
+// A chunked call dropped without finish() on every rank: its remaining chunk sums are made
+// (nothing hangs), nothing is written, the next call fails on every rank, the one after works.
+TEST(ChunkedCallsSplitPhase, DroppedChunkedHandle) {
+  ChunkEnv e("4");
+  const Data a(14, 24, 2 * world_size(), 0.0);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  std::vector<float> y(a.x.size(), -7.0f), r(a.R, -7.0f);
+  auto call = [&] {
+    return rms_norm_forward_start(*comm, view(a.x.data(), {a.R, a.h}), view(a.g.data(), {a.h}),
+                                  view(y.data(), {a.R, a.h}), view(r.data(), {a.R}));
+  };
+  { PendingCall dropped = call(); }
+  EXPECT_EQ(comm->in_flight(), 0u);
+  for (float v : y) ASSERT_EQ(v, -7.0f);
+  int threw = 0;
+  try {
+    call().finish();
+  } catch (const Error&) {
+    threw = 1;
+  }
+  EXPECT_EQ(sum_over_ranks(threw), world_size());
+  call().finish();
+  const RowRef ref = row_norm_reference(false, a.X, a.R, a.H, a.G, {}, 1e-5);
+  EXPECT_EQ(sum_over_ranks(count_wrong("y", y, a.mine(ref.y, a.R), 1e-4, 1e-4)), 0);
+}
+
+// The rule (TPNORM_CHUNK unset, or "auto"): a small call keeps its one payload sum; a call whose
+// re-read inputs are many chunks of this machine's cache budget is chunked, with the same bits.
+TEST(ChunkedCallsRule, SmallCallsOneSumLargeCallsChunked) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  ChunkEnv e(nullptr);
+  const Data small(15, 64, 64 * world_size(), 0.0);
+  const Out s = run(*comm, true, small, {});
+  EXPECT_EQ(s.fwd.calls, 2u);
+  EXPECT_EQ(s.bwd.calls, 2u);
+
+  // 4096 rows x ~2048 columns per rank, float32: 32 MiB of x per rank, 64 MiB of x and dy.
+  const int64_t R = 4096, h = 2048;
+  std::vector<float> x = normal(16, world_rank(), R * h, 1.0, 2.0), g(h, 1.5f), b(h, 0.25f);
+  std::vector<float> y1(x.size()), y2(x.size()), m1(R), m2(R), r1(R), r2(R);
+  const Shape sh{R, h}, p{h}, rr{R};
+  comm->reset_counters();
+  layer_norm_forward(*comm, view(x.data(), sh), view(g.data(), p), view(b.data(), p),
+                     view(y1.data(), sh), view(m1.data(), rr), view(r1.data(), rr));
+  const uint64_t auto_calls = comm->counters().calls;
+  {
+    ChunkEnv off("off");
+    comm->reset_counters();
+    layer_norm_forward(*comm, view(x.data(), sh), view(g.data(), p), view(b.data(), p),
+                       view(y2.data(), sh), view(m2.data(), rr), view(r2.data(), rr));
+    EXPECT_EQ(comm->counters().calls, 2u);
+  }
+  EXPECT_GT(auto_calls, 3u) << "a 32 MiB-per-rank forward is chunked by the rule";
+  EXPECT_EQ(y1, y2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(r1, r2);
+}
+
+}  // namespace
