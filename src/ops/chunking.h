@@ -44,8 +44,11 @@ inline Request parse(const char* v) {
   return r;
 }
 
-/// The rule's constants, measured on the machine of README's "Chunked calls" table.
+/// The rule's constants (README "Chunked calls" has the measurements behind them).
 struct Rule {
+  /// Whether auto chunks at all: false where chunking was measured not to pay (or was not
+  /// measured); TPNORM_CHUNK=on still chunks.
+  bool auto_chunks = true;
   int64_t chunk_bytes = 4 << 20;  ///< re-read input bytes per chunk (a share of the cache)
   int64_t min_chunks = 4;         ///< auto: chunk only a call of at least this many chunks
   int64_t max_chunks = 64;        ///< at most this many collectives a call
@@ -53,9 +56,13 @@ struct Rule {
 };
 
 /// The rule on a host: chunks of a quarter of this core's share of the caches (two chunks are
-/// live at once: the one being applied and the next one's partial, plus the outputs).
+/// live at once: the one being applied and the next one's partial, plus the outputs). Auto is
+/// off: on the development machine (2 vCPUs shared, 2 ranks) every chunked shape measured
+/// slower than the unchunked call, more so the more chunks (each chunk's sum waits for the
+/// peer); see README "Chunked calls".
 inline Rule host_rule(int64_t l2_bytes, int64_t llc_bytes, int cores) {
   Rule r;
+  r.auto_chunks = false;
   const int64_t share = l2_bytes + llc_bytes / std::max(1, cores);
   r.chunk_bytes = std::max<int64_t>(int64_t{256} << 10, share / 4);
   return r;
@@ -78,7 +85,7 @@ struct Plan {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/// The plan of a call. Auto: only at P > 1 (at one rank the reduce is the identity and the
+/// The plan of a call. Auto: only with rule.auto_chunks, only at P > 1 (at one rank the reduce is the identity and the
 /// kernels already make one pass), only when this rank's share of the re-read inputs (the
 /// columns spread evenly over the ranks) is at least min_chunks chunks, at most max_chunks.
 inline Plan plan(const Shape& s, const Rule& rule, const Request& req) {
@@ -91,7 +98,8 @@ inline Plan plan(const Shape& s, const Rule& rule, const Request& req) {
   const int64_t per_rank_cols = ceil_div(s.columns, std::max(1, s.ranks));
   const int64_t row_bytes = per_rank_cols * s.reread_bytes;
   const int64_t bytes = row_bytes * s.rows;
-  if (req.mode == Mode::kAuto && (s.ranks < 2 || bytes < rule.min_chunks * rule.chunk_bytes))
+  if (req.mode == Mode::kAuto &&
+      (!rule.auto_chunks || s.ranks < 2 || bytes < rule.min_chunks * rule.chunk_bytes))
     return one;
   int64_t chunks = std::clamp<int64_t>(ceil_div(bytes, rule.chunk_bytes), 2, rule.max_chunks);
   int64_t rows = ceil_div(ceil_div(s.rows, chunks), rule.align_rows) * rule.align_rows;

@@ -71,10 +71,12 @@ int64_t l2_bytes() {
 }
 
 // The chunk rule (ops/chunking.h): on a host, from this machine's caches; on a device, chunks of
-// a quarter of an H200's 50 MB L2 (not measured yet: auto never chunks device calls).
+// a quarter of an H200's 50 MB L2. Auto chunks neither (host: measured not to pay on the
+// development machine; device: not measured yet); TPNORM_CHUNK=on uses these sizes.
 chunking::Rule chunk_rule(bool on_device) {
   if (on_device) {
     chunking::Rule r;
+    r.auto_chunks = false;
     r.chunk_bytes = int64_t{12} << 20;
     return r;
   }
@@ -182,15 +184,15 @@ void StartedOp::start() {
   if (op_.collective()) call_.begin_check();
 
   // Chunks need the global column count, i.e. the header's sum: auto chunking runs on strict
-  // host calls at P > 1 (on MPI communicators every call is strict), forced chunking on every
-  // call. A rank whose own share is large waits for the header before its partial, so that its
+  // calls at P > 1 (on MPI communicators every call is strict) where the rule allows it (today
+  // nowhere: see chunk_rule), forced chunking on every call. A rank whose own share is large waits for the header before its partial, so that its
   // chunks' partials can be pipelined; the others run the whole partial first (its latency
   // stays hidden) and plan after it. Both plan the same chunks from agreed values.
   const ChunkInfo info = chunkable ? op_.chunk_info() : ChunkInfo{};
   const chunking::Rule rule = chunk_rule(on_device_);
   const bool may_chunk =
       chunkable && call_.strict() && info.rows >= 2 && req.mode != chunking::Mode::kOff &&
-      (req.mode == chunking::Mode::kOn || (!on_device_ && comm_.size() > 1));
+      (req.mode == chunking::Mode::kOn || (rule.auto_chunks && comm_.size() > 1));
   if (may_chunk && !call_.failed() &&
       (req.mode == chunking::Mode::kOn || info.local_bytes >= rule.min_chunks * rule.chunk_bytes)) {
     {

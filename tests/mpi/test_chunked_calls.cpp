@@ -8,7 +8,7 @@
 //   Stats::kExact at any thread count);
 // - the counters: one header sum + K chunk sums when chunked, header + one payload sum when not;
 // - split-phase calls with several chunks in flight, finished in reverse order;
-// - the rule (TPNORM_CHUNK unset): a small call is never chunked, a large one is.
+// - the rule (TPNORM_CHUNK unset): one payload sum on a host; "on" chunks a large call.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -289,9 +289,10 @@ TEST(ChunkedCallsSplitPhase, DroppedChunkedHandle) {
   EXPECT_EQ(sum_over_ranks(count_wrong("y", y, a.mine(ref.y, a.R), 1e-4, 1e-4)), 0);
 }
 
-// The rule (TPNORM_CHUNK unset, or "auto"): a small call keeps its one payload sum; a call whose
-// re-read inputs are many chunks of this machine's cache budget is chunked, with the same bits.
-TEST(ChunkedCallsRule, SmallCallsOneSumLargeCallsChunked) {
+// The rule. TPNORM_CHUNK unset ("auto"): one payload sum for a small call and, on a host (where
+// chunking was measured not to pay, ops/chunking.h host_rule), for a large one too.
+// TPNORM_CHUNK=on: the large call in chunks of the host rule's size, with the same bits.
+TEST(ChunkedCallsRule, AutoKeepsOneSumOnChunksTheLargeCall) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   ChunkEnv e(nullptr);
   const Data small(15, 64, 64 * world_size(), 0.0);
@@ -306,16 +307,15 @@ TEST(ChunkedCallsRule, SmallCallsOneSumLargeCallsChunked) {
   const Shape sh{R, h}, p{h}, rr{R};
   comm->reset_counters();
   layer_norm_forward(*comm, view(x.data(), sh), view(g.data(), p), view(b.data(), p),
-                     view(y1.data(), sh), view(m1.data(), rr), view(r1.data(), rr));
-  const uint64_t auto_calls = comm->counters().calls;
+                     view(y2.data(), sh), view(m2.data(), rr), view(r2.data(), rr));
+  EXPECT_EQ(comm->counters().calls, 2u) << "auto: not chunked on a host";
   {
-    ChunkEnv off("off");
+    ChunkEnv on("on");
     comm->reset_counters();
     layer_norm_forward(*comm, view(x.data(), sh), view(g.data(), p), view(b.data(), p),
-                       view(y2.data(), sh), view(m2.data(), rr), view(r2.data(), rr));
-    EXPECT_EQ(comm->counters().calls, 2u);
+                       view(y1.data(), sh), view(m1.data(), rr), view(r1.data(), rr));
+    EXPECT_GT(comm->counters().calls, 3u) << "on: a 32 MiB-per-rank forward in chunks";
   }
-  EXPECT_GT(auto_calls, 3u) << "a 32 MiB-per-rank forward is chunked by the rule";
   EXPECT_EQ(y1, y2);
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(r1, r2);

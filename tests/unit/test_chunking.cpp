@@ -90,10 +90,16 @@ TEST(ChunkRule, ForcedChunks) {
   EXPECT_EQ(ck::plan(shape(4096, 2048, 2, 4), rule(), {ck::Mode::kOn, 0}).chunks, 8);
 }
 
-TEST(ChunkRule, HostRuleIsAShareOfTheCaches) {
+TEST(ChunkRule, HostRuleIsAShareOfTheCachesAndAutoIsOff) {
   // 1 MiB L2 per core, 32 MiB L3 over 2 cores: (1 + 16) / 4 MiB.
-  EXPECT_EQ(ck::host_rule(1 << 20, 32 << 20, 2).chunk_bytes, (17 << 20) / 4);
+  const ck::Rule host = ck::host_rule(1 << 20, 32 << 20, 2);
+  EXPECT_EQ(host.chunk_bytes, (17 << 20) / 4);
   EXPECT_EQ(ck::host_rule(0, 0, 0).chunk_bytes, 256 << 10);
+  // Measured not to pay on the development machine: auto keeps one collective even for the
+  // largest calls; "on" uses the host's chunk size.
+  EXPECT_FALSE(host.auto_chunks);
+  EXPECT_EQ(ck::plan(shape(16384, 4096, 2, 8), host, {}).chunks, 1);
+  EXPECT_EQ(ck::plan(shape(4096, 2048, 2, 4), host, {ck::Mode::kOn, 0}).chunks, 8);
 }
 
 }  // namespace
