@@ -1,6 +1,6 @@
 // micro_batch_norm.cpp — SyncBatchNorm (training, running statistics on), forward and backward,
 // at [32, 64, 56, 56] NCHW and channels-last, through the public ops on a single-process
-// communicator.
+// communicator; and both statistics modes against each other (micro.h, add_mode_pair).
 #include <memory>
 #include <vector>
 
@@ -33,34 +33,49 @@ struct Buffers {
   }
 };
 
+void forward(Buffers& b, int t, tpnorm::Stats stats) {
+  const Shape cs{static_cast<int64_t>(b.gamma.size())};
+  b.opt.num_threads = t;
+  b.opt.stats = stats;
+  tpnorm::sync_batch_norm_forward(*b.comm, view(b.x.data(), b.xs), view(b.gamma.data(), cs),
+                                  view(b.beta.data(), cs), view(b.run_mean.data(), cs),
+                                  view(b.run_var.data(), cs), nullptr, view(b.out.data(), b.xs),
+                                  view(b.mean.data(), cs), view(b.invstd.data(), cs), b.opt);
+}
+
+void backward(Buffers& b, int t, tpnorm::Stats stats) {
+  const Shape cs{static_cast<int64_t>(b.gamma.size())};
+  b.opt.num_threads = t;
+  b.opt.stats = stats;
+  tpnorm::sync_batch_norm_backward(*b.comm, view(b.dy.data(), b.xs), view(b.x.data(), b.xs),
+                                   view(b.gamma.data(), cs), view(b.mean.data(), cs),
+                                   view(b.invstd.data(), cs), view(b.out.data(), b.xs),
+                                   view(b.dgamma.data(), cs), view(b.dbeta.data(), cs), b.opt);
+}
+
+// kRobust rows for the main table; with `modes` also the op in both modes (the exact-vs-robust
+// table).
 void add_batch_norm(tpnorm::Layout layout) {
   constexpr int64_t n = 32, c = 64, hw = 56;
   const bool nchw = layout == tpnorm::Layout::kNCHW;
   const Shape xs = nchw ? Shape{n, c, hw, hw} : Shape{n, hw, hw, c};
   const std::string shape = nchw ? "32x64x56x56" : "32x56x56x64";
   const int64_t bytes = xs.numel() * static_cast<int64_t>(sizeof(float));
-  tpnorm_perf::add_op("SyncBN", "forward", shape, 2 * bytes, [=]() -> tpnorm_perf::Call {
-    auto b = std::make_shared<Buffers>(xs, c, layout);
-    return [b](int t) {
-      const Shape cs{static_cast<int64_t>(b->gamma.size())};
-      b->opt.num_threads = t;
-      tpnorm::sync_batch_norm_forward(
-          *b->comm, view(b->x.data(), b->xs), view(b->gamma.data(), cs), view(b->beta.data(), cs),
-          view(b->run_mean.data(), cs), view(b->run_var.data(), cs), nullptr,
-          view(b->out.data(), b->xs), view(b->mean.data(), cs), view(b->invstd.data(), cs), b->opt);
-    };
-  });
-  tpnorm_perf::add_op("SyncBN", "backward", shape, 3 * bytes, [=]() -> tpnorm_perf::Call {
-    auto b = std::make_shared<Buffers>(xs, c, layout);
-    return [b](int t) {
-      const Shape cs{static_cast<int64_t>(b->gamma.size())};
-      b->opt.num_threads = t;
-      tpnorm::sync_batch_norm_backward(
-          *b->comm, view(b->dy.data(), b->xs), view(b->x.data(), b->xs), view(b->gamma.data(), cs),
-          view(b->mean.data(), cs), view(b->invstd.data(), cs), view(b->out.data(), b->xs),
-          view(b->dgamma.data(), cs), view(b->dbeta.data(), cs), b->opt);
-    };
-  });
+  for (bool bwd : {false, true}) {
+    const char* pass = bwd ? "backward" : "forward";
+    const auto run = bwd ? backward : forward;
+    tpnorm_perf::add_op("SyncBN", pass, shape, (bwd ? 3 : 2) * bytes, [=]() -> tpnorm_perf::Call {
+      auto b = std::make_shared<Buffers>(xs, c, layout);
+      return [b, run](int t) { run(*b, t, tpnorm::Stats::kRobust); };
+    });
+    tpnorm_perf::add_mode_pair("SyncBN", pass, shape, (bwd ? 3 : 2) * bytes,
+                               [=]() -> tpnorm_perf::ModePair {
+                                 auto b = std::make_shared<Buffers>(xs, c, layout);
+                                 return {[b, run](int t) { run(*b, t, tpnorm::Stats::kRobust); },
+                                         [b, run](int t) { run(*b, t, tpnorm::Stats::kExact); },
+                                         [b] { return b->comm->counters().bytes_sent; }};
+                               });
+  }
 }
 
 void register_all() {

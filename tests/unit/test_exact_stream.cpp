@@ -2,8 +2,9 @@
 // ExactStream (kernels/cpu/exact_bins.h: one pass, the exponent window chosen on the fly)
 // against ExactBins (one bin per exponent); the row kernels' one-pass sums (exact_rows.h)
 // against ExactBins over the same values or terms; exact::ratio (one 128-by-64-bit division)
-// against long division over every word. Exact integers have one right answer, so every
-// comparison is for equality.
+// against long division over every word; SyncBatchNorm's channel kernels (exact_channels.h:
+// a stream per channel, or one lane per channel) against ExactBins per channel. Exact integers have
+// one right answer, so every comparison is for equality.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +17,9 @@
 
 #include "common/exact_sum.h"
 #include "kernels/cpu/exact_bins.h"
+#include "kernels/cpu/exact_channels.h"
 #include "kernels/cpu/exact_rows.h"
+#include "kernels/cpu/loops.h"
 
 namespace {
 
@@ -232,6 +235,77 @@ TEST(ExactStream, RowKernelsMatchBins) {
       if (!bad) {
         EXPECT_EQ(st[0], exact::mean(sg.s1, n));
         EXPECT_EQ(st[1], exact::mean(sgx.s1, n));
+      }
+    }
+  }
+}
+
+// SyncBatchNorm's exact partials in every layout (NCHW planes, [N, C] and channels-last rows
+// with a lane per channel, channel counts that leave a partial vector, 1-2 threads) give each
+// channel's integers as ExactBins makes them from its values (forward: x; backward: dy and
+// dy * ((x - head) - tail)), on channels of different scales, subnormals, huge values and NaN.
+TEST(ExactStream, ChannelKernelsMatchBins) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t c : {1, 5, 16, 21, 64}) {
+    for (int64_t inner : {1, 7, 16, 50}) {
+      for (bool last : {false, true}) {
+        for (int threads : {1, 2}) {
+          SCOPED_TRACE("c " + std::to_string(c) + " inner " + std::to_string(inner) +
+                       (last ? " channels-last" : " NCHW") + " threads " + std::to_string(threads));
+          kernels::cpu::BatchNormArgs a;
+          a.n = 3;
+          a.c = c;
+          a.inner = inner;
+          a.channels_last = last;
+          a.threads = threads;
+          const int64_t total = a.n * c * inner;
+          std::vector<float> x(total), dy(total);
+          std::vector<double> mean(c);
+          auto at = [&](int64_t ch, int64_t i) {  // element i of channel ch
+            const int64_t b = i / inner, s = i % inner;
+            return last ? (b * inner + s) * c + ch : (b * c + ch) * inner + s;
+          };
+          for (int64_t ch = 0; ch < c; ++ch) {
+            const int scale = static_cast<int>(rng() % 80) - 40;  // channels far apart
+            mean[ch] = std::ldexp(0.5, scale);
+            for (int64_t i = 0; i < a.n * inner; ++i) {
+              float v = std::ldexp(normal(rng), scale);
+              if (rng() % 17 == 0) v = std::ldexp(normal(rng), -140);        // subnormal
+              if (rng() % 23 == 0) v = std::ldexp(normal(rng), scale - 40);  // below the window
+              if (rng() % 29 == 0) v = std::ldexp(normal(rng), 60);          // above it
+              x[at(ch, i)] = v;
+              dy[at(ch, i)] = normal(rng);
+            }
+          }
+          if (c > 3) x[at(3, 0)] = std::numeric_limits<float>::quiet_NaN();
+          const int kf = exact::moment_limbs(true), kb = exact::moment_limbs(false);
+          std::vector<int64_t> got_f(c * kf), got_b(c * kb);
+          kernels::cpu::bn_exact_partial_forward(a, x.data(), got_f.data());
+          kernels::cpu::bn_exact_partial_backward(a, dy.data(), x.data(), mean.data(),
+                                                  got_b.data());
+          for (int64_t ch = 0; ch < c; ++ch) {
+            std::vector<float> v, d, dxmu;
+            float mh, mt;
+            kernels::cpu::split_mean(mean[ch], mh, mt);
+            for (int64_t i = 0; i < a.n * inner; ++i) {
+              const float xi = x[at(ch, i)], di = dy[at(ch, i)];
+              v.push_back(xi);
+              d.push_back(di);
+              dxmu.push_back(di * ((xi - mh) - mt));
+            }
+            const Sums fw = by_bins(v), s1 = by_bins(d), s2 = by_bins(dxmu);
+            std::vector<int64_t> want_f(kf), want_b(kb);
+            want_f[0] = fw.bad;
+            exact::pack(fw.s1, want_f.data() + 1, exact::kLimbs1);
+            exact::pack(fw.s2, want_f.data() + 1 + exact::kLimbs1, exact::kLimbs2);
+            want_b[0] = s1.bad + s2.bad;
+            exact::pack(s1.s1, want_b.data() + 1, exact::kLimbs1);
+            exact::pack(s2.s1, want_b.data() + 1 + exact::kLimbs1, exact::kLimbs1);
+            for (int k = 0; k < kf; ++k) ASSERT_EQ(got_f[ch * kf + k], want_f[k]) << ch << " " << k;
+            for (int k = 0; k < kb; ++k) ASSERT_EQ(got_b[ch * kb + k], want_b[k]) << ch << " " << k;
+          }
+        }
       }
     }
   }

@@ -1,4 +1,6 @@
-// exact_bins.h — the CPU accumulator of exact sums (see common/exact_sum.h for the grid).
+// exact_bins.h — the CPU accumulators of exact sums (see common/exact_sum.h for the grid):
+// ExactBins below, the simple one (the reference, and the fallback without AVX-512), and
+// ExactStream further down, the kernels' one-pass vector path; both give the same integers.
 //
 // A float v = ±m * 2^(e-150) (e its biased exponent, m its 24-bit significand with the implicit
 // bit; a subnormal, e = 0, is read as e = 1 without it) adds ±m to bin a[e] and, for a sum of
@@ -160,10 +162,30 @@ inline void exact_add_one(float v, exact::Sum1& s1, exact::Sum2* s2, int64_t& ba
   if (s2) exact::add_shifted(*s2, mag * mag, 2 * e - 2);
 }
 
+/// A prefetch into L2 that the compiler keeps: GCC 12 dropped __builtin_prefetch from the
+/// exact kernels' loops (conditional prefetches inside the lambdas an ExactStream runs).
+inline void prefetch_l2(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+/// Where exact sums go: the sum of values, the sum of squares (null: not wanted), the count of
+/// bad values left out.
+struct ExactTarget {
+  exact::Sum1* s1;
+  exact::Sum2* s2;
+  int64_t* bad;
+};
+
 /// ExactStream<kSquares>: the exact sum of float32 values fed a vector (vf, simd.h) at a time,
-/// and with kSquares the sum of their squares, into s1 / *s2; bad values are counted in `bad`
-/// and left out. The caller forms its values in registers (a row of x, or the backward's
-/// terms) and the sums happen in the same pass: no buffer, no second read.
+/// and with kSquares the sum of their squares, into one target; bad values are counted and
+/// left out. The caller forms its values in registers (a row of x, or the backward's terms)
+/// and the sums happen in the same pass: no buffer, no second read. With kColumns each lane
+/// has its own target (lane l: column l of a run of vf::L columns, e.g. channels of a
+/// channels-last row), so one stream sums vf::L columns at once.
 ///
 /// With AVX-512 (and IFMA for the squares) the values go into int64 lanes. A window of
 /// exponents [elo, ehi], ehi - elo = 27, fixes a unit 2^(elo-150): a value with its exponent in
@@ -178,7 +200,8 @@ inline void exact_add_one(float v, exact::Sum1& s1, exact::Sum2* s2, int64_t& ba
 /// takes 2^10 adds between flushes. Any window gives the same integers (they are exact), so
 /// nothing depends on the order, the vector width or how a row is cut into calls.
 ///
-/// Otherwise the values are buffered and summed by ExactBins: the same integers.
+/// Otherwise the values are buffered and summed by ExactBins (kColumns: exact_add_one per
+/// value): the same integers.
 #if defined(__AVX512F__) && defined(__AVX512IFMA__)
 inline constexpr bool kExactLanesSquares = true;
 #else
@@ -190,42 +213,79 @@ inline constexpr bool kExactLanes = true;
 inline constexpr bool kExactLanes = false;
 #endif
 
-template <bool kSquares, bool kLanes = kSquares ? kExactLanesSquares : kExactLanes>
+template <bool kSquares, bool kColumns = false,
+          bool kLanes = kSquares ? kExactLanesSquares : kExactLanes>
 class ExactStream;
 
 #if defined(__AVX512F__)
-template <bool kSquares>
-class ExactStream<kSquares, true> {
+template <bool kSquares, bool kColumns>
+class ExactStream<kSquares, kColumns, true> {
  public:
-  ExactStream(exact::Sum1& s1, exact::Sum2* s2, int64_t& bad) : s1_(s1), s2_(s2), bad_(bad) {
+  /// One target for every value.
+  ExactStream(exact::Sum1& s1, exact::Sum2* s2, int64_t& bad) : t_{{&s1, s2, &bad}} { open(0); }
+  /// kColumns: targets[l] for lane l < width (lanes from width on must be zero).
+  ExactStream(const ExactTarget* targets, int width) : width_(width) {
+    for (int l = 0; l < width; ++l) t_[l] = targets[l];
     open(0);
   }
   ExactStream(const ExactStream&) = delete;
   ExactStream& operator=(const ExactStream&) = delete;
 
-  /// 16 values.
-  inline void add(vf x) {
+  /// The lanes and the window as a loop keeps them: locals of the loop (load, step, store),
+  /// so that they stay in registers whatever the compiler makes of the stream object.
+  struct Regs {
+    __m512i a0, a1, l0, l1, h0, h1, vtop, vbelow;
+    __m512d scale;
+    uint64_t count;
+  };
+  Regs load() const { return {a0_, a1_, l0_, l1_, h0_, h1_, vtop_, vbelow_, scale_, count_}; }
+  void store(const Regs& r) {
+    a0_ = r.a0, a1_ = r.a1, l0_ = r.l0, l1_ = r.l1, h0_ = r.h0, h1_ = r.h1;
+    count_ = r.count;
+  }
+  /// 16 values into r (the stream's state between load() and store()).
+  __attribute__((always_inline)) void step(Regs& r, vf x) {
     __m512 v = x.v;
     const __m512i ab = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
     const __mmask16 out =
-        _mm512_cmpgt_epu32_mask(ab, vtop_) |
-        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(ab, _mm512_set1_epi32(1)), vbelow_);
-    if (__builtin_expect(out != 0, 0)) v = outliers(v);
+        _mm512_cmpgt_epu32_mask(ab, r.vtop) |
+        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(ab, _mm512_set1_epi32(1)), r.vbelow);
+    if (__builtin_expect(out != 0, 0)) {
+      store(r);
+      v = outliers(v);
+      r = load();
+    }
     const __m512d bias = _mm512_set1_pd(6755399441055744.0);  // 1.5 * 2^52
     // maskz_ conversions: the plain ones trip GCC 12's -Wmaybe-uninitialized false positive.
     const __m512d lo = _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 0));
     const __m512d hi = _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 1));
-    const __m512i d0 = _mm512_castpd_si512(_mm512_fmadd_pd(lo, scale_, bias));
-    const __m512i d1 = _mm512_castpd_si512(_mm512_fmadd_pd(hi, scale_, bias));
-    a0_ = _mm512_add_epi64(a0_, d0);
-    a1_ = _mm512_add_epi64(a1_, d1);
+    const __m512i d0 = _mm512_castpd_si512(_mm512_fmadd_pd(lo, r.scale, bias));
+    const __m512i d1 = _mm512_castpd_si512(_mm512_fmadd_pd(hi, r.scale, bias));
+    r.a0 = _mm512_add_epi64(r.a0, d0);
+    r.a1 = _mm512_add_epi64(r.a1, d1);
     if constexpr (kSquares) {
-      l0_ = _mm512_madd52lo_epu64(l0_, d0, d0);
-      h0_ = _mm512_madd52hi_epu64(h0_, d0, d0);
-      l1_ = _mm512_madd52lo_epu64(l1_, d1, d1);
-      h1_ = _mm512_madd52hi_epu64(h1_, d1, d1);
+      r.l0 = _mm512_madd52lo_epu64(r.l0, d0, d0);
+      r.h0 = _mm512_madd52hi_epu64(r.h0, d0, d0);
+      r.l1 = _mm512_madd52lo_epu64(r.l1, d1, d1);
+      r.h1 = _mm512_madd52hi_epu64(r.h1, d1, d1);
     }
-    if (++count_ == kMaxAdds) flush();
+    if (__builtin_expect(++r.count == kMaxAdds, 0)) {
+      store(r);
+      flush();
+      r = load();
+    }
+  }
+
+  /// n vectors of 16 values, value(i) -> vf for i in [0, n).
+  template <class Value>
+  __attribute__((always_inline)) void add_n(int64_t n, Value value) {
+    Regs r = load();
+    for (int64_t i = 0; i < n; ++i) step(r, value(i));
+    store(r);
+  }
+  /// 16 values.
+  void add(vf x) {
+    add_n(1, [&](int64_t) { return x; });
   }
   /// n < 16 values at t.
   void add_partial(const float* t, int n) {
@@ -251,29 +311,51 @@ class ExactStream<kSquares, true> {
     scale_ = _mm512_set1_pd(std::ldexp(1.0, 150 - elo_));
   }
 
-  // The lanes into the wide sums, then empty. Per lane |sum M| < 2^10 * 2^51 = 2^61, and each
-  // 52-bit half of (M + 2^51)^2 sums below 2^62; over the 16 lanes sum M^2 <= 2^116.
-  void flush() {
+  // The lanes into the wide sums, then empty. Per lane |sum M| < 2^10 * 2^51 = 2^61, each
+  // 52-bit half of (M + 2^51)^2 sums below 2^62, and sum M^2 <= 2^112 (2^116 over 16 lanes).
+  __attribute__((noinline)) void flush() {
     if (count_ == 0) return;
     const __m512i cb = _mm512_set1_epi64(static_cast<int64_t>(count_ * kBiasBits));
-    alignas(64) int64_t m[8];
-    _mm512_store_si512(m, _mm512_add_epi64(_mm512_sub_epi64(a0_, cb), _mm512_sub_epi64(a1_, cb)));
-    __int128 sm = 0;
-    for (int64_t v : m) sm += v;
-    add_wide(s1_, static_cast<exact::u128>(sm), elo_ - 1, sm < 0);
-    if constexpr (kSquares) {
-      alignas(64) uint64_t l[8], h[8];
-      _mm512_store_si512(l, _mm512_add_epi64(l0_, l1_));
-      _mm512_store_si512(h, _mm512_add_epi64(h0_, h1_));
+    alignas(64) int64_t m[16];
+    alignas(64) uint64_t l[16], h[16];
+    if constexpr (kColumns) {
+      _mm512_store_si512(m, _mm512_sub_epi64(a0_, cb));
+      _mm512_store_si512(m + 8, _mm512_sub_epi64(a1_, cb));
+      if constexpr (kSquares) {
+        _mm512_store_si512(l, l0_);
+        _mm512_store_si512(l + 8, l1_);
+        _mm512_store_si512(h, h0_);
+        _mm512_store_si512(h + 8, h1_);
+      }
+      for (int c = 0; c < width_; ++c)
+        to_target(t_[c], elo_, m[c], kSquares ? l[c] : 0, kSquares ? h[c] : 0, count_);
+    } else {
+      _mm512_store_si512(m, _mm512_add_epi64(_mm512_sub_epi64(a0_, cb), _mm512_sub_epi64(a1_, cb)));
+      __int128 sm = 0;
+      for (int i = 0; i < 8; ++i) sm += m[i];
       exact::u128 sl = 0, sh = 0;
-      for (int i = 0; i < 8; ++i) sl += l[i], sh += h[i];
-      // Modulo 2^128: exact, since the result lies in [0, 2^116].
-      const exact::u128 sq = sl + (sh << 52) - (static_cast<exact::u128>(sm) << 52) -
-                             (static_cast<exact::u128>(16 * count_) << 102);
-      add_wide(*s2_, sq, 2 * elo_ - 2, false);
+      if constexpr (kSquares) {
+        _mm512_store_si512(l, _mm512_add_epi64(l0_, l1_));
+        _mm512_store_si512(h, _mm512_add_epi64(h0_, h1_));
+        for (int i = 0; i < 8; ++i) sl += l[i], sh += h[i];
+      }
+      to_target(t_[0], elo_, sm, sl, sh, 16 * count_);
     }
     a0_ = a1_ = l0_ = l1_ = h0_ = h1_ = _mm512_setzero_si512();
     count_ = 0;
+  }
+
+  // Lanes' sums into a target: sm = sum M, sl / sh = sums of the low / high 52-bit halves of
+  // (M + 2^51)^2 over `adds` values.
+  static void to_target(ExactTarget t, int elo, __int128 sm, exact::u128 sl, exact::u128 sh,
+                        uint64_t adds) {
+    add_wide(*t.s1, static_cast<exact::u128>(sm), elo - 1, sm < 0);
+    if constexpr (kSquares) {
+      // Modulo 2^128: exact, since the result lies in [0, 2^116].
+      const exact::u128 sq = sl + (sh << 52) - (static_cast<exact::u128>(sm) << 52) -
+                             (static_cast<exact::u128>(adds) << 102);
+      add_wide(*t.s2, sq, 2 * elo - 2, false);
+    }
   }
 
   // s += v * 2^shift, v a 128-bit two's-complement value (negative when `negative`).
@@ -288,15 +370,15 @@ class ExactStream<kSquares, true> {
 
   // A vector with lanes outside the window: bad lanes counted and zeroed, the window reopened
   // above the largest lane, lanes below it through exact_add_one and zeroed.
-  __m512 outliers(__m512 v) {
+  __attribute__((noinline)) __m512 outliers(__m512 v) {
     alignas(64) float t[16];
     _mm512_store_ps(t, v);
     uint32_t need = 0;
-    for (float& x : t) {
-      const uint32_t u = float_bits(x) & 0x7fffffffu;
+    for (int l = 0; l < 16; ++l) {
+      const uint32_t u = float_bits(t[l]) & 0x7fffffffu;
       if (u >= static_cast<uint32_t>(ExactBins::kExpLimit) << 23) {
-        ++bad_;
-        x = 0.0f;
+        ++*t_[kColumns ? l : 0].bad;
+        t[l] = 0.0f;
       } else if (u > top_) {
         need = std::max(need, u);
       }
@@ -306,11 +388,12 @@ class ExactStream<kSquares, true> {
       open(static_cast<int>(need >> 23) + kSlack);
     }
     const uint32_t low = elo_ > 1 ? static_cast<uint32_t>(elo_) << 23 : 0;
-    for (float& x : t) {
-      const uint32_t u = float_bits(x) & 0x7fffffffu;
+    for (int l = 0; l < 16; ++l) {
+      const uint32_t u = float_bits(t[l]) & 0x7fffffffu;
       if (u != 0 && u < low) {
-        exact_add_one(x, s1_, s2_, bad_);
-        x = 0.0f;
+        const ExactTarget to = t_[kColumns ? l : 0];
+        exact_add_one(t[l], *to.s1, to.s2, *to.bad);
+        t[l] = 0.0f;
       }
     }
     return _mm512_load_ps(t);
@@ -322,21 +405,36 @@ class ExactStream<kSquares, true> {
   __m512i vtop_, vbelow_;
   __m512d scale_;
   __m512i a0_ = _mm512_setzero_si512(), a1_ = a0_, l0_ = a0_, l1_ = a0_, h0_ = a0_, h1_ = a0_;
-  exact::Sum1& s1_;
-  exact::Sum2* s2_;
-  int64_t& bad_;
+  ExactTarget t_[kColumns ? 16 : 1];
+  int width_ = 1;
 };
 #endif
 
-template <bool kSquares>
-class ExactStream<kSquares, false> {
+template <bool kSquares, bool kColumns>
+class ExactStream<kSquares, kColumns, false> {
  public:
-  ExactStream(exact::Sum1& s1, exact::Sum2* s2, int64_t& bad) : s1_(s1), s2_(s2), bad_(bad) {}
+  ExactStream(exact::Sum1& s1, exact::Sum2* s2, int64_t& bad) : t_{{&s1, s2, &bad}} {}
+  ExactStream(const ExactTarget* targets, int width) : width_(width) {
+    for (int l = 0; l < width; ++l) t_[l] = targets[l];
+  }
   ExactStream(const ExactStream&) = delete;
   ExactStream& operator=(const ExactStream&) = delete;
 
+  struct Regs {};
+  Regs load() const { return {}; }
+  void store(const Regs&) {}
+  void step(Regs&, vf v) { add(v); }
+  template <class Value>
+  void add_n(int64_t n, Value value) {
+    for (int64_t i = 0; i < n; ++i) add(value(i));
+  }
   void add(vf v) {
     vstore(buf_ + n_, v);
+    if constexpr (kColumns) {
+      for (int l = 0; l < width_; ++l)
+        exact_add_one(buf_[l], *t_[l].s1, kSquares ? t_[l].s2 : nullptr, *t_[l].bad);
+      return;
+    }
     if ((n_ += vf::L) + vf::L > kBuffer) flush();
   }
   void add_partial(const float* t, int n) {
@@ -349,32 +447,47 @@ class ExactStream<kSquares, false> {
   static constexpr int64_t kBuffer = 2048;
   void flush() {
     if (n_ == 0) return;
+    const ExactTarget& t = t_[0];
     ExactBins bins;
     if (kSquares) {
       bins.add_values_and_squares(n_, [&](int64_t j) { return buf_[j]; });
-      exact::add(*s2_, bins.sum_of_squares());
+      exact::add(*t.s2, bins.sum_of_squares());
     } else {
       bins.add_pairs(n_, [&](int64_t j) { return std::pair<float, float>{buf_[j], 0.0f}; });
     }
-    exact::add(s1_, bins.sum());
-    bad_ += bins.bad();
+    exact::add(*t.s1, bins.sum());
+    *t.bad += bins.bad();
     n_ = 0;
   }
   alignas(64) float buf_[kBuffer];
   int64_t n_ = 0;
-  exact::Sum1& s1_;
-  exact::Sum2* s2_;
-  int64_t& bad_;
+  ExactTarget t_[kColumns ? vf::L : 1];
+  int width_ = 1;
 };
+
+/// Two streams fed in one loop: value(i) -> {a, b} (vf each) for i in [0, n), a into sa and b
+/// into sb, both streams' lanes in registers.
+template <class A, class B, class Value>
+__attribute__((always_inline)) inline void exact_add_both(A& sa, B& sb, int64_t n, Value value) {
+  auto ra = sa.load();
+  auto rb = sb.load();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto p = value(i);
+    sa.step(ra, p.a);
+    sb.step(rb, p.b);
+  }
+  sa.store(ra);
+  sb.store(rb);
+}
 
 /// Adds the exact sum of x[0, n) to s1 and, when s2 is not null, of their squares to *s2; bad
 /// values (see ExactBins) are counted in `bad` and left out.
 inline void exact_accumulate(const float* x, int64_t n, exact::Sum1& s1, exact::Sum2* s2,
                              int64_t& bad) {
   auto run = [&](auto& stream) {
-    int64_t j = 0;
-    for (; j + vf::L <= n; j += vf::L) stream.add(vload(x + j));
-    if (j < n) stream.add_partial(x + j, static_cast<int>(n - j));
+    const int64_t full = n / vf::L;
+    stream.add_n(full, [&](int64_t i) { return vload(x + i * vf::L); });
+    if (full * vf::L < n) stream.add_partial(x + full * vf::L, static_cast<int>(n - full * vf::L));
     stream.finish();
   };
   if (s2) {

@@ -1,15 +1,17 @@
 // exact_channels.cpp — CPU kernels of Stats::kExact for SyncBatchNorm; see exact_channels.h.
 //
-// NCHW: a channel is n contiguous runs of `inner` values; threads take channels and sum each
-// run through exact_accumulate. Channels-last: threads take blocks of rows, transpose a block
-// into one contiguous run per channel and sum those; the threads' integers are then added.
-// Integer sums: the split into threads, blocks and runs changes nothing.
+// One pass over the data through ExactStreams (kernels/cpu/exact_bins.h). NCHW: threads take
+// channels and a channel's planes go through its streams. Channels-last (and [N, C]): threads
+// take blocks of rows, and a stream's lanes sum vf::L channels of a row at a time (one target
+// per lane); the threads' integers are then added. Integer sums: the split into threads,
+// blocks and vectors changes nothing.
 #include "kernels/cpu/exact_channels.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "common/exact_sum.h"
@@ -33,40 +35,174 @@ struct ChannelSums {
   }
 };
 
-// Values of one channel gathered as float32 at a time (per thread).
-constexpr int64_t kRun = 2048;
+// n <= vf::L values of T at p as float lanes, zeros from lane n on.
+template <class T>
+inline vf load_lanes(const T* p, int n) {
+  if (n == vf::L) return load_as<vf>(p);
+  alignas(64) float b[vf::L] = {};
+  for (int l = 0; l < n; ++l) b[l] = to_float(p[l]);
+  return vload(b);
+}
 
-// sums[ch] += the terms of channel ch: values(ch, i0, n, out) writes n float32 values of the
-// channel, from its i0-th element on (elements in the order of the layout: sample-major), into
-// out; `forward` sums values and squares, else two value streams (values writes 2 runs).
-template <class Values>
-void channel_exact_sums(const BatchNormArgs& a, bool forward, std::vector<ChannelSums>& sums,
-                        Values values) {
-  const int64_t per = a.n * a.inner;  // elements of a channel on this rank
-  auto run = [&](ChannelSums& s, int64_t ch, int64_t i0, int64_t n, float* buf) {
-    values(ch, i0, n, buf);
-    if (forward) {
-      exact_accumulate(buf, n, s.s1, &s.s2, s.bad);
-    } else {
-      exact_accumulate(buf, n, s.s1, nullptr, s.bad);
-      exact_accumulate(buf + kRun, n, s.t1, nullptr, s.bad);
-    }
+// v with the lanes from n on zeroed (a tail's terms: nothing but its own values is summed).
+inline vf first_lanes(vf v, int n) {
+  if (n == vf::L) return v;
+  alignas(64) float b[vf::L];
+  vstore(b, v);
+  for (int l = n; l < vf::L; ++l) b[l] = 0.0f;
+  return vload(b);
+}
+
+// The backward's second term: dy * xmu, xmu = (x - head) - tail as bn_apply_backward forms it.
+inline vf dy_xmu(vf d, vf x, vf mh, vf mt) { return d * ((x - mh) - mt); }
+
+// NCHW with inner > 1: a channel is n contiguous planes of `inner` values; threads take
+// channels, and each channel's planes go through its streams in one pass. Forward: sum x and
+// sum x^2; backward: sum dy and sum dy*xmu.
+template <bool kForward, class T, class S>
+void plane_sums(const BatchNormArgs& a, const T* x, const T* dy, const S* mean,
+                std::vector<ChannelSums>& sums) {
+  const int64_t full = a.inner / vf::L, j0 = full * vf::L, stride = a.c * a.inner;
+  const int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(T));
+  // While a plane is summed, the next plane of the channel is prefetched (kAheadBytes on from
+  // the element read, wrapping into the next plane): the hardware prefetcher starts over at
+  // every plane.
+  auto prefetch = [&](const T* p, int64_t at, int64_t b, int64_t j) {
+    const int64_t k = j + ahead;
+    if (k < a.inner)
+      prefetch_l2(p + at + k);
+    else if (b + 1 < a.n && k - a.inner < a.inner)
+      prefetch_l2(p + at + stride + (k - a.inner));
   };
-  const int nt = thread_count(a.threads, a.c);
-#pragma omp parallel num_threads(nt)
-  {
-    std::vector<float> buf(2 * kRun);
-#pragma omp for schedule(static)
-    for (int64_t ch = 0; ch < a.c; ++ch)
-      for (int64_t i0 = 0; i0 < per; i0 += kRun)
-        run(sums[ch], ch, i0, std::min(kRun, per - i0), buf.data());
+#pragma omp parallel for num_threads(thread_count(a.threads, a.c)) schedule(static)
+  for (int64_t ch = 0; ch < a.c; ++ch) {
+    ChannelSums& s = sums[ch];
+    if constexpr (kForward) {
+      ExactStream<true> sx(s.s1, &s.s2, s.bad);
+      for (int64_t b = 0; b < a.n; ++b) {
+        const int64_t at = (b * a.c + ch) * a.inner;
+        sx.add_n(full, [&](int64_t i) {
+          prefetch(x, at, b, i * vf::L);
+          return load_as<vf>(x + at + i * vf::L);
+        });
+        if (j0 < a.inner) sx.add(load_lanes(x + at + j0, static_cast<int>(a.inner - j0)));
+      }
+      sx.finish();
+    } else {
+      float mh, mt;
+      split_mean(mean[ch], mh, mt);
+      const vf vmh = vsplat(mh), vmt = vsplat(mt);
+      ExactStream<false> sd(s.s1, nullptr, s.bad), sdx(s.t1, nullptr, s.bad);
+      for (int64_t b = 0; b < a.n; ++b) {
+        const int64_t at = (b * a.c + ch) * a.inner;
+        exact_add_both(sd, sdx, full, [&](int64_t i) {
+          const int64_t j = at + i * vf::L;
+          prefetch(x, at, b, i * vf::L);
+          prefetch(dy, at, b, i * vf::L);
+          const vf d = load_as<vf>(dy + j);
+          return Two<vf>{d, dy_xmu(d, load_as<vf>(x + j), vmh, vmt)};
+        });
+        if (j0 < a.inner) {
+          const int n = static_cast<int>(a.inner - j0);
+          const vf d = load_lanes(dy + at + j0, n);
+          sd.add(d);
+          sdx.add(first_lanes(dy_xmu(d, load_lanes(x + at + j0, n), vmh, vmt), n));
+        }
+      }
+      sd.finish();
+      sdx.finish();
+    }
   }
 }
 
-// The element offset of channel ch's i-th element (sample-major).
-inline int64_t offset(const BatchNormArgs& a, int64_t ch, int64_t i) {
-  const int64_t b = i / a.inner, s = i % a.inner;
-  return a.channels_last ? (b * a.inner + s) * a.c + ch : (b * a.c + ch) * a.inner + s;
+// Rows of c channels (channels-last, or [N, C]): a stream's lane l sums channel c0 + l, so one
+// pass over a row sums vf::L channels at a time, each group of vf::L channels in its own
+// streams. Threads take blocks of kBlockRows rows with their own sums, added after (integers:
+// the split changes nothing). Within a block the groups take turns over its rows (each group's
+// lanes in registers for its turn), while the next block is prefetched a line per step, so
+// memory is read in order.
+constexpr int64_t kBlockRows = 32;
+
+template <bool kForward, class T, class S>
+void row_sums(const BatchNormArgs& a, int64_t rows, const T* x, const T* dy, const S* mean,
+              std::vector<ChannelSums>& sums) {
+  const int64_t c = a.c, groups = (c + vf::L - 1) / vf::L;
+  std::vector<float> mh(static_cast<size_t>(c) + vf::L, 0.0f), mt(mh);
+  if constexpr (!kForward)
+    for (int64_t ch = 0; ch < c; ++ch) split_mean(mean[ch], mh[ch], mt[ch]);
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+  const int nt = thread_count(a.threads, blocks);
+  std::vector<std::vector<ChannelSums>> part(nt, std::vector<ChannelSums>(c));
+  using First = ExactStream<kForward, true>;
+  using Second = ExactStream<false, true>;
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<ChannelSums>& mine = part[omp_get_thread_num()];
+    std::vector<std::unique_ptr<First>> first(groups);
+    std::vector<std::unique_ptr<Second>> second(kForward ? 0 : groups);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int w = static_cast<int>(std::min<int64_t>(vf::L, c - g * vf::L));
+      ExactTarget to1[vf::L], to2[vf::L];
+      for (int l = 0; l < w; ++l) {
+        ChannelSums& s = mine[g * vf::L + l];
+        to1[l] = {&s.s1, kForward ? &s.s2 : nullptr, &s.bad};
+        to2[l] = {&s.t1, nullptr, &s.bad};
+      }
+      first[g] = std::make_unique<First>(to1, w);
+      if constexpr (!kForward) second[g] = std::make_unique<Second>(to2, w);
+    }
+    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));  // elements a cache line
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t r0 = blk * kBlockRows, nr = std::min(rows, r0 + kBlockRows) - r0;
+      // The next block's lines, one per step (steps >= lines when c fills its vectors).
+      const int64_t next = std::min(rows, r0 + nr + kBlockRows) * c, from = (r0 + nr) * c;
+      int64_t line = from;
+      auto prefetch_next = [&] {
+        if (line < next) {
+          prefetch_l2(x + line);
+          if (!kForward) prefetch_l2(dy + line);
+          line += kLine;
+        }
+      };
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t c0 = g * vf::L;
+        const int w = static_cast<int>(std::min<int64_t>(vf::L, c - c0));
+        const T* xb = x + r0 * c + c0;
+        First& sx = *first[g];
+        if constexpr (kForward) {
+          sx.add_n(nr, [&](int64_t i) {
+            prefetch_next();
+            return load_lanes(xb + i * c, w);
+          });
+        } else {
+          const T* dyb = dy + r0 * c + c0;
+          const vf vmh = vload(mh.data() + c0), vmt = vload(mt.data() + c0);  // 0 past c
+          exact_add_both(sx, *second[g], nr, [&](int64_t i) {
+            prefetch_next();
+            const vf d = load_lanes(dyb + i * c, w);
+            return Two<vf>{d, first_lanes(dy_xmu(d, load_lanes(xb + i * c, w), vmh, vmt), w)};
+          });
+        }
+      }
+    }
+    for (auto& f : first) f->finish();
+    for (auto& f : second) f->finish();
+  }
+  for (const std::vector<ChannelSums>& p : part)
+    for (int64_t ch = 0; ch < c; ++ch) sums[ch].add(p[ch]);
+}
+
+// sums[ch] for this rank's elements, in the layout's loop.
+template <bool kForward, class T, class S>
+std::vector<ChannelSums> channel_sums(const BatchNormArgs& a, const T* x, const T* dy,
+                                      const S* mean) {
+  std::vector<ChannelSums> sums(static_cast<size_t>(a.c));
+  if (a.channels_last || a.inner == 1)
+    row_sums<kForward>(a, a.channels_last ? a.n * a.inner : a.n, x, dy, mean, sums);
+  else
+    plane_sums<kForward>(a, x, dy, mean, sums);
+  return sums;
 }
 
 void pack(const BatchNormArgs& a, bool forward, const std::vector<ChannelSums>& sums,
@@ -87,32 +223,15 @@ void pack(const BatchNormArgs& a, bool forward, const std::vector<ChannelSums>& 
 
 template <class T>
 void bn_exact_partial_forward(const BatchNormArgs& a, const T* x, int64_t* limbs) {
-  std::vector<ChannelSums> sums(static_cast<size_t>(a.c));
-  channel_exact_sums(a, true, sums, [&](int64_t ch, int64_t i0, int64_t n, float* out) {
-    if (!a.channels_last) {  // runs of `inner` contiguous values
-      for (int64_t i = 0; i < n; ++i) out[i] = to_float(x[offset(a, ch, i0 + i)]);
-      return;
-    }
-    for (int64_t i = 0; i < n; ++i) out[i] = to_float(x[(i0 + i) * a.c + ch]);
-  });
-  pack(a, true, sums, limbs);
+  pack(a, true,
+       channel_sums<true>(a, x, static_cast<const T*>(nullptr), static_cast<const float*>(nullptr)),
+       limbs);
 }
 
 template <class T, class S>
 void bn_exact_partial_backward(const BatchNormArgs& a, const T* dy, const T* x, const S* mean,
                                int64_t* limbs) {
-  std::vector<ChannelSums> sums(static_cast<size_t>(a.c));
-  channel_exact_sums(a, false, sums, [&](int64_t ch, int64_t i0, int64_t n, float* out) {
-    float mh, mt;
-    split_mean(mean[ch], mh, mt);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t at = offset(a, ch, i0 + i);
-      const float d = to_float(dy[at]);
-      out[i] = d;
-      out[kRun + i] = d * ((to_float(x[at]) - mh) - mt);
-    }
-  });
-  pack(a, false, sums, limbs);
+  pack(a, false, channel_sums<false>(a, x, dy, mean), limbs);
 }
 
 void bn_exact_moments(int64_t c, const int64_t* limbs, double n, double* mean, double* var) {

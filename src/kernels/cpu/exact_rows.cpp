@@ -29,22 +29,13 @@ struct RowSums {
   int64_t bad = 0;
 };
 
-// Runs f(j, vf{}) over the vectors of a row of h values and f(j, n) over its tail of n < vf::L,
-// prefetching the inputs p1, p2 kAheadBytes ahead while that stays inside `room` elements from
-// the row's start (the partial kernels pass the rest of the tensor; the one-rank path the row,
-// whose next row the apply loop prefetches).
-template <class T, class U, class F>
-inline void row_vectors(int64_t h, int64_t room, const T* p1, const U* p2, F f) {
+// Prefetches p + j + kAheadBytes (the element read kAheadBytes later) while that stays inside
+// `room` elements from p (the partial kernels pass the rest of the tensor; the one-rank path
+// the row, whose next row the apply loop prefetches).
+template <class T>
+inline void prefetch_ahead(const T* p, int64_t j, int64_t room) {
   const int64_t d = kAheadBytes / static_cast<int64_t>(sizeof(T));
-  int64_t j = 0;
-  for (; j + vf::L <= h; j += vf::L) {
-    if (j + d < room) {
-      __builtin_prefetch(p1 + j + d, 0, 2);
-      if (p2) __builtin_prefetch(p2 + j + d, 0, 2);
-    }
-    f(j, vf{});
-  }
-  if (j < h) f(j, static_cast<int>(h - j));
+  if (j + d < room) prefetch_l2(p + j + d);
 }
 
 // A row's sums: sum x and sum x^2 (forward) of h values, in one pass.
@@ -52,15 +43,16 @@ template <class T>
 RowSums forward_row_sums(const T* xr, int64_t h, int64_t room) {
   RowSums s;
   ExactStream<true> sums(s.s1, &s.s2, s.bad);
-  row_vectors(h, room, xr, static_cast<const T*>(nullptr), [&](int64_t j, auto tail) {
-    if constexpr (std::is_same_v<decltype(tail), vf>) {
-      sums.add(load_as<vf>(xr + j));
-    } else {
-      float t[vf::L];
-      for (int l = 0; l < tail; ++l) t[l] = to_float(xr[j + l]);
-      sums.add_partial(t, tail);
-    }
+  const int64_t full = h / vf::L, j0 = full * vf::L;
+  sums.add_n(full, [&](int64_t i) {
+    prefetch_ahead(xr, i * vf::L, room);
+    return load_as<vf>(xr + i * vf::L);
   });
+  if (j0 < h) {
+    float t[vf::L];
+    for (int64_t j = j0; j < h; ++j) t[j - j0] = to_float(xr[j]);
+    sums.add_partial(t, static_cast<int>(h - j0));
+  }
   sums.finish();
   return s;
 }
@@ -80,22 +72,26 @@ RowSums backward_row_sums(bool centered, const T* dyr, const T* xr, const P* gam
     const V g = gamma ? d * load_as<V>(gamma + j) : d;
     return Two<V>{g, g * xhat};
   };
-  row_vectors(h, room, xr, dyr, [&](int64_t j, auto tail) {
-    if constexpr (std::is_same_v<decltype(tail), vf>) {
-      const Two<vf> t = terms(j, vf{});
-      if (centered) sg.add(t.a);
-      sgx.add(t.b);
-    } else {
-      float g[vf::L], gx[vf::L];
-      for (int l = 0; l < tail; ++l) {
-        const Two<float> t = terms(j + l, 0.0f);
-        g[l] = t.a;
-        gx[l] = t.b;
-      }
-      if (centered) sg.add_partial(g, tail);
-      sgx.add_partial(gx, tail);
+  auto vector = [&](int64_t i) {
+    prefetch_ahead(xr, i * vf::L, room);
+    prefetch_ahead(dyr, i * vf::L, room);
+    return terms(i * vf::L, vf{});
+  };
+  const int64_t full = h / vf::L, j0 = full * vf::L;
+  if (centered)
+    exact_add_both(sg, sgx, full, vector);
+  else
+    sgx.add_n(full, [&](int64_t i) { return vector(i).b; });
+  if (j0 < h) {
+    float g[vf::L], gx[vf::L];
+    for (int64_t j = j0; j < h; ++j) {
+      const Two<float> t = terms(j, 0.0f);
+      g[j - j0] = t.a;
+      gx[j - j0] = t.b;
     }
-  });
+    if (centered) sg.add_partial(g, static_cast<int>(h - j0));
+    sgx.add_partial(gx, static_cast<int>(h - j0));
+  }
   sg.finish();
   sgx.finish();
   return s;
