@@ -153,4 +153,27 @@ TEST(GpuRowBackwardNoParams, DxIsTheSameWithAndWithoutParameterGradients) {
   }
 }
 
+// No row: the partials launch no kernel, so the header kernel writes the call header the
+// partial would have written (row_norm.cu); the call must succeed, dgamma / dbeta are sums over
+// no row (zero) and the apply's check of the header passes (no error flag).
+TEST(GpuRowBackwardNoRows, HeaderWithoutPartialKernel) {
+  TPNORM_REQUIRE_GPU();
+  const int64_t h = 24;
+  const Shape s{0, h}, p{h}, r{0};
+  auto gpu = make_cuda_single_communicator(nullptr, 0);
+  DevBuf x(Buffer(DType::F32, 0)), y(Buffer(DType::F32, 0)), dy(Buffer(DType::F32, 0)),
+      dx(Buffer(DType::F32, 0)), mean(Buffer(DType::F32, 0)), rstd(Buffer(DType::F32, 0)),
+      g(Buffer(DType::F32, tpnorm_test::normal(3, 0, h))), b(Buffer(DType::F32, h)),
+      dg(Buffer(DType::F32, std::vector<float>(h, 7.f))),
+      db(Buffer(DType::F32, std::vector<float>(h, 7.f)));
+  EXPECT_NO_THROW(layer_norm_forward(*gpu, x.view(s), g.view(p), b.view(p), y.view(s), mean.view(r),
+                                     rstd.view(r)));
+  EXPECT_NO_THROW(layer_norm_backward(*gpu, dy.view(s), x.view(s), g.view(p), mean.view(r),
+                                      rstd.view(r), dx.view(s), dg.view(p), db.view(p)));
+  TPNORM_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_NO_THROW(cuda_check_errors(*gpu));
+  for (float v : dg.floats()) EXPECT_EQ(v, 0.f);
+  for (float v : db.floats()) EXPECT_EQ(v, 0.f);
+}
+
 }  // namespace

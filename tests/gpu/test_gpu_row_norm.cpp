@@ -76,7 +76,7 @@ const Case kCases[] = {
     {"r3_h4096", 3, 4096},    // block per row, vector path
     {"r7_h1030", 7, 1030},    // block per row, h not a multiple of the pack
     {"r1_h1", 1, 1},
-    {"r300_h40", 300, 40},  // many rows: multi-chunk dgamma reduction
+    {"r300_h40", 300, 40},  // many rows: 38 blocks' dgamma column sums (plan.h row_bwd_parts)
     {"r8_h1000_offset1e4", 8, 1000, 1e4, DType::F64},
 };
 
