@@ -146,6 +146,8 @@ TEST(GpuPlanRows, BackwardColumnSumBlocks) {
   EXPECT_EQ(row_bwd_scratch_bytes(300, 40), size_t{38 * 2 * 40 * 4});
   EXPECT_EQ(row_bwd_scratch_bytes(0, 40), 0u);
   EXPECT_EQ(row_bwd_scratch_bytes(5, 0), 0u);
+  // Sized before the partial: no throw where plan_rows refuses the row (it throws there).
+  EXPECT_EQ(row_bwd_parts(3, kRowMaxWidth + 1), 3);
   for (int64_t rows : {1, 7, 8, 9, 300, 4097, 100000})
     for (int64_t h : {1, 33, 1000, 1025, 8192}) {
       const int64_t parts = row_bwd_parts(rows, h);

@@ -116,12 +116,15 @@ inline int64_t row_grid(const RowPlan& p, int64_t resident) {
 /// re-read once: at 16384 rows that is 1/64 of a row's bytes per block, ~3 % of dy and x in
 /// bf16), and never more blocks than row groups. 0 for no rows.
 inline constexpr int64_t kBwdPartRows = 32, kBwdMinParts = 128, kBwdMaxParts = 256;
+/// (It never throws, unlike plan_rows: the op sizes its scratch with it before the partial,
+/// where a throw would keep this rank out of the collective.)
 inline int64_t row_bwd_parts(int64_t rows, int64_t h) {
-  const RowPlan p = plan_rows(rows, h, 4, {});
-  if (p.blocks == 0) return 0;
+  if (rows <= 0) return 0;
+  const int64_t per_block = h <= 1024 ? kRowThreads / 32 : 1;  // plan_rows' row groups
+  const int64_t blocks = (rows + per_block - 1) / per_block;
   const int64_t want =
       std::clamp<int64_t>((rows + kBwdPartRows - 1) / kBwdPartRows, kBwdMinParts, kBwdMaxParts);
-  return std::min(p.blocks, want);
+  return std::min(blocks, want);
 }
 
 /// Device scratch of the dgamma / dbeta column sums: [row_bwd_parts, 2, h] floats.
