@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"
 #include "harness.h"
 #include "reference.h"
 #include "tpnorm/mpi.h"
@@ -329,6 +330,32 @@ TEST(ChunkedCallsRule, AutoKeepsOneSumOnChunksTheLargeCall) {
   EXPECT_EQ(y1, y2);
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(r1, r2);
+}
+
+// TPNORM_CHUNK differs between ranks (rank 0 forces chunks, the others do not): the ranks
+// would make different collectives, so the call fails with the same kMismatch on every rank,
+// naming the field; nothing is written and the next call (the same setting everywhere) works.
+TEST(ChunkedCallsAgreement, RanksThatSetTpnormChunkDifferentlyDisagree) {
+  const Data d(17, 40, 3 * world_size(), 0.0);
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  std::vector<float> y(d.x.size(), -3.0f), rs(d.R);
+  auto call = [&] {
+    rms_norm_forward(*comm, view(d.x.data(), {d.R, d.h}), view(d.g.data(), {d.h}),
+                     view(y.data(), {d.R, d.h}), view(rs.data(), {d.R}));
+  };
+  std::string msg;
+  {
+    ChunkEnv e(world_rank() == 0 ? "8" : "off");
+    msg = error_of(call, ErrorCode::kMismatch);
+  }
+  EXPECT_NE(msg.find("chunking"), std::string::npos) << msg;
+  for (float v : y) ASSERT_EQ(v, -3.0f);
+  {
+    ChunkEnv e("8");
+    call();
+  }
+  const RowRef ref = row_norm_reference(false, d.X, d.R, d.H, d.G, {}, 1e-5);
+  EXPECT_EQ(sum_over_ranks(count_wrong("y", y, d.mine(ref.y, d.R), 1e-4, 1e-4)), 0);
 }
 
 }  // namespace
