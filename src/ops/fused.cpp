@@ -102,30 +102,57 @@ class FusedForwardOp final : public SpecOf<FusedForward> {
                                 row_stat_width(args_.norm.a.centered, args_.norm.opt.stats, true)),
             static_cast<double>(g.h)};
   }
-  void partial(PackedCall& call) override {
-    const FusedForward& a = args_;
-    const kc::RowNormArgs k{a.gx.rows, a.gx.h, a.norm.a.centered, a.norm.run.threads};
-    // Stats::kExact: h through the same residual kernel (its float64 sums to scratch), then
-    // the exact row partial on h.
-    const bool exact = call.wire() == DType::I64;
-    std::vector<double> scratch(exact ? static_cast<size_t>(2 * a.gx.rows) : 0);
-    dispatch_storage(a.x.dtype, [&](auto t) {
-      dispatch_acc(exact ? DType::F64 : call.wire(), [&](auto w) {
-        using T = decltype(t);
-        using W = decltype(w);
-        kc::residual_partial_forward<T, W>(
-            k, static_cast<const T*>(a.x.data), static_cast<const T*>(a.f.data),
-            static_cast<float>(a.alpha), static_cast<T*>(a.norm.a.x.data),
-            exact ? reinterpret_cast<W*>(scratch.data()) : call.payload<W>());
-      });
-    });
-    if (exact) row_forward_partial(a.norm.a, call.wire(), call.payload_data(), a.norm.run);
-  }
+  void partial(PackedCall& call) override { partial_rows(call, {0, args_.gx.rows}); }
   void apply(PackedCall& call) override {
     const RowForwardCall& n = args_.norm;
     check_naive_count(n.opt.stats, call.global_count(), name(), "row");
     row_forward_apply(n.a, call.wire(), call.payload_data(), call.global_count(), n.opt.eps, n.run);
   }
+
+  // Row chunks (ops/chunking.h): h and its statistics for rows [begin, end), then their apply.
+  bool chunkable(bool on_device) const override { return !on_device; }
+  ChunkInfo chunk_info() const override {
+    const auto reread = static_cast<int64_t>(dtype_size(args_.x.dtype));
+    return {args_.gx.rows, width(), reread, args_.gx.rows * args_.gx.h * reread};
+  }
+  void partial_rows(PackedCall& call, const ChunkRows& c) override {
+    const FusedForward& a = args_;
+    const int64_t rows = c.end - c.begin, h = a.gx.h;
+    const kc::RowNormArgs k{rows, h, a.norm.a.centered, a.norm.run.threads};
+    const size_t at = static_cast<size_t>(c.begin * h);
+    void* stats = static_cast<char*>(call.payload_data()) +
+                  static_cast<size_t>(c.begin * width()) * dtype_size(call.wire());
+    // Stats::kExact: h through the same residual kernel (its float64 sums to scratch), then
+    // the exact row partial on h.
+    const bool exact = call.wire() == DType::I64;
+    std::vector<double> scratch(exact ? static_cast<size_t>(2 * rows) : 0);
+    dispatch_storage(a.x.dtype, [&](auto t) {
+      dispatch_acc(exact ? DType::F64 : call.wire(), [&](auto w) {
+        using T = decltype(t);
+        using W = decltype(w);
+        kc::residual_partial_forward<T, W>(
+            k, static_cast<const T*>(a.x.data) + at, static_cast<const T*>(a.f.data) + at,
+            static_cast<float>(a.alpha), static_cast<T*>(a.norm.a.x.data) + at,
+            exact ? reinterpret_cast<W*>(scratch.data()) : static_cast<W*>(stats));
+      });
+    });
+    if (exact)
+      row_forward_partial(rows_of(a.norm.a, c.begin, c.end), call.wire(), stats, a.norm.run);
+  }
+  void apply_rows(PackedCall& call, const ChunkRows& c) override {
+    const RowForwardCall& n = args_.norm;
+    if (c.first) check_naive_count(n.opt.stats, call.global_count(), name(), "row");
+    RowRun run = n.run;
+    run.row0 = c.begin;
+    run.call_rows = args_.gx.rows;
+    row_forward_apply(rows_of(n.a, c.begin, c.end), call.wire(),
+                      static_cast<char*>(call.payload_data()) +
+                          static_cast<size_t>(c.begin * width()) * dtype_size(call.wire()),
+                      call.global_count(), n.opt.eps, run);
+  }
+
+ private:
+  int64_t width() const { return row_stat_width(args_.norm.a.centered, args_.norm.opt.stats, true); }
 };
 
 // Backward: the row norm's stages on (dy, h) with its input gradient going to df, then the
@@ -162,17 +189,63 @@ class FusedBackwardOp final : public SpecOf<FusedBackward> {
     row_backward_partial(n.a, call.wire(), call.payload_data(), n.run);
   }
   void apply(PackedCall& call) override {
-    const FusedBackward& a = args_;
-    const RowBackwardCall& n = a.norm;
+    const RowBackwardCall& n = args_.norm;
     check_naive_count(n.opt.stats, call.global_count(), name(), "row");
     row_backward_apply(n.a, call.wire(), call.payload_data(), call.global_count(), n.run);
+    epilogue(0, n.a.g.rows);
+  }
+
+  // Row chunks (ops/chunking.h): the row norm's chunk stages on (dy, h) (dgamma/dbeta
+  // accumulated over the chunks, as the row norm's backward does), then the epilogue's rows.
+  bool chunkable(bool on_device) const override { return !on_device; }
+  ChunkInfo chunk_info() const override {
+    const RowBackward& n = args_.norm.a;
+    const auto reread = static_cast<int64_t>(dtype_size(n.x.dtype)) * 2;
+    return {n.g.rows, width(), reread, n.g.rows * n.g.h * reread};
+  }
+  void partial_rows(PackedCall& call, const ChunkRows& c) override {
+    const RowBackwardCall& n = args_.norm;
+    row_backward_partial(rows_of(n.a, c.begin, c.end), call.wire(), stats_of(call, c), n.run);
+  }
+  void apply_rows(PackedCall& call, const ChunkRows& c) override {
+    const RowBackwardCall& n = args_.norm;
+    RowRun run = n.run;
+    run.row0 = c.begin;
+    run.call_rows = n.a.g.rows;
+    run.param_last = c.last;
+    if (c.first) {
+      check_naive_count(n.opt.stats, call.global_count(), name(), "row");
+      param_acc_.assign(row_backward_acc_size(n.a, call.wire(), run), 0.0);
+    }
+    run.param_acc = param_acc_.data();
+    row_backward_apply(rows_of(n.a, c.begin, c.end), call.wire(), stats_of(call, c),
+                       call.global_count(), run);
+    epilogue(c.begin, c.end);
+    if (c.last) param_acc_ = {};
+  }
+
+ private:
+  int64_t width() const { return row_stat_width(args_.norm.a.centered, args_.norm.opt.stats, false); }
+  void* stats_of(PackedCall& call, const ChunkRows& c) const {
+    return static_cast<char*>(call.payload_data()) +
+           static_cast<size_t>(c.begin * width()) * dtype_size(call.wire());
+  }
+  // dh = dnorm + dh_extra; df = dh; dx = alpha * dh, on rows [r0, r1).
+  void epilogue(int64_t r0, int64_t r1) const {
+    const FusedBackward& a = args_;
+    const RowBackwardCall& n = a.norm;
+    const int64_t h = n.a.g.h;
+    const auto at = static_cast<size_t>(r0 * h);
     dispatch_storage(n.a.x.dtype, [&](auto t) {
       using T = decltype(t);
-      kc::residual_backward_epilogue<T>(
-          n.a.g.rows * n.a.g.h, static_cast<const T*>(a.dh_extra.data), static_cast<float>(a.alpha),
-          static_cast<T*>(n.a.dx.data), static_cast<T*>(a.dx.data), n.run.threads);
+      const T* extra = static_cast<const T*>(a.dh_extra.data);
+      kc::residual_backward_epilogue<T>((r1 - r0) * h, extra ? extra + at : nullptr,
+                                        static_cast<float>(a.alpha),
+                                        static_cast<T*>(n.a.dx.data) + at,
+                                        static_cast<T*>(a.dx.data) + at, n.run.threads);
     });
   }
+  std::vector<double> param_acc_;
 };
 
 PendingCall fused_forward(const char* name, Communicator& comm, const TensorView& x,

@@ -19,6 +19,7 @@
 #include "expect_error.h"
 #include "harness.h"
 #include "reference.h"
+#include "tpnorm/fused.h"
 #include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
 #include "tpnorm/split.h"
@@ -330,6 +331,73 @@ TEST(ChunkedCallsRule, AutoKeepsOneSumOnChunksTheLargeCall) {
   EXPECT_EQ(y1, y2);
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(r1, r2);
+}
+
+// The fused residual add + LayerNorm, forward and backward (with dh_extra), chunked: the
+// unchunked call's bits (h, y, mean, rstd, df, dx; dgamma/dbeta at 16-row chunks) and the
+// float64 reference on h = alpha*x + f (y) and on df = dnorm + dh_extra.
+TEST(ChunkedCallsFused, FusedAddLayerNormKeepsTheUnchunkedBits) {
+  for (const int64_t rows : {37, 64}) {
+    for (const Stats stats : {Stats::kRobust, Stats::kExact}) {
+      const Data d(19, rows, 3 * world_size() + 2, 0.0);
+      const std::vector<float> F = normal(20, 0, d.R * d.H), EX = normal(20, 1, d.R * d.H);
+      const std::vector<float> f = columns(F, d.R, d.H, d.c0, d.h),
+                               ex = columns(EX, d.R, d.H, d.c0, d.h);
+      const float alpha = 1.5f;
+      auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+      NormOptions opt;
+      opt.stats = stats;
+      struct FusedOut {
+        std::vector<float> h, y, mean, rstd, dx, df, dg, db;
+        uint64_t fwd_calls = 0, bwd_calls = 0;
+      };
+      auto run_fused = [&](const char* chunk) {
+        ChunkEnv e(chunk);
+        FusedOut o;
+        const size_t n = d.x.size();
+        o.h.resize(n), o.y.resize(n), o.dx.resize(n), o.df.resize(n);
+        o.mean.resize(d.R), o.rstd.resize(d.R), o.dg.resize(d.h), o.db.resize(d.h);
+        const Shape s{d.R, d.h}, p{d.h}, r{d.R};
+        comm->reset_counters();
+        fused_add_layer_norm_forward(*comm, view(d.x.data(), s), view(f.data(), s), alpha,
+                                     view(d.g.data(), p), view(d.b.data(), p), view(o.h.data(), s),
+                                     view(o.y.data(), s), view(o.mean.data(), r),
+                                     view(o.rstd.data(), r), opt);
+        o.fwd_calls = comm->counters().calls;
+        comm->reset_counters();
+        fused_add_layer_norm_backward(*comm, view(d.dy.data(), s), view(ex.data(), s),
+                                      view(o.h.data(), s), view(d.g.data(), p),
+                                      view(o.mean.data(), r), view(o.rstd.data(), r), alpha,
+                                      view(o.dx.data(), s), view(o.df.data(), s),
+                                      view(o.dg.data(), p), view(o.db.data(), p), opt);
+        o.bwd_calls = comm->counters().calls;
+        return o;
+      };
+      const FusedOut off = run_fused("off"), on = run_fused("16");
+      const uint64_t k = static_cast<uint64_t>(ceil_div(rows, 16));
+      EXPECT_EQ(on.fwd_calls, 1 + k);
+      EXPECT_EQ(on.bwd_calls, 1 + k);
+      EXPECT_EQ(on.h, off.h);
+      EXPECT_EQ(on.y, off.y);
+      EXPECT_EQ(on.mean, off.mean);
+      EXPECT_EQ(on.rstd, off.rstd);
+      EXPECT_EQ(on.df, off.df);
+      EXPECT_EQ(on.dx, off.dx);
+      if (rows % 16 == 0 || stats == Stats::kExact) {
+        EXPECT_EQ(on.dg, off.dg);
+        EXPECT_EQ(on.db, off.db);
+      }
+      // The reference on the full h (as the kernel rounds it: one float multiply-add).
+      std::vector<float> H(d.X.size());
+      for (size_t i = 0; i < H.size(); ++i) H[i] = alpha * d.X[i] + F[i];
+      const RowRef ref = row_norm_reference(true, H, d.R, d.H, d.G, d.B, 1e-5, d.DY);
+      std::vector<double> df_ref = d.mine(ref.dx, d.R);
+      for (size_t i = 0; i < df_ref.size(); ++i) df_ref[i] += ex[i];
+      int64_t wrong = count_wrong("fused y", on.y, d.mine(ref.y, d.R), 1e-4, 1e-4) +
+                      count_wrong("fused df", on.df, df_ref, 1e-4, 1e-3);
+      EXPECT_EQ(sum_over_ranks(wrong), 0) << rows << " rows";
+    }
+  }
 }
 
 // TPNORM_CHUNK differs between ranks (rank 0 forces chunks, the others do not): the ranks
