@@ -41,7 +41,7 @@ struct ForwardStages {
     row_forward_apply(a, wire, s, n, opt.eps, {opt.num_threads});
   }
 #ifdef TPNORM_WITH_CUDA
-  static size_t scratch_device(const Args&) { return 0; }
+  static size_t scratch_device(const Args&, Stats) { return 0; }
   static void partial_device(DeviceCommunicator& dev, const Args& a, bool w64, void* s, void*,
                              const NormOptions& opt) {
     row_forward_partial_at(dev, a, opt.stats, w64, s);
@@ -69,10 +69,12 @@ struct BackwardStages {
     row_backward_apply(a, wire, s, n, {opt.num_threads});
   }
 #ifdef TPNORM_WITH_CUDA
-  static size_t scratch_device(const Args& a) { return row_backward_scratch_at(a); }
+  static size_t scratch_device(const Args& a, Stats stats) {
+    return row_backward_scratch_at(a, stats);
+  }
   static void partial_device(DeviceCommunicator& dev, const Args& a, bool w64, void* s,
-                             void* scratch, const NormOptions&) {
-    row_backward_partial_at(dev, a, w64, s, scratch);
+                             void* scratch, const NormOptions& opt) {
+    row_backward_partial_at(dev, a, opt.stats, w64, s, scratch);
   }
   static void apply_device(DeviceCommunicator& dev, const Args& a, const kernels::cuda::Header& hd,
                            void* scratch, const NormOptions&) {
@@ -96,7 +98,7 @@ class BatchedOp final : public OpSpec {
       total_ += args_.back().stat_values(opt.stats);
 #ifdef TPNORM_WITH_CUDA
       scratch_at_.push_back(scratch_);
-      scratch_ += (Stages::scratch_device(args_.back()) + 255) / 256 * 256;
+      scratch_ += (Stages::scratch_device(args_.back(), opt.stats) + 255) / 256 * 256;
 #endif
     }
   }
@@ -161,13 +163,14 @@ class BatchedOp final : public OpSpec {
   // statistics slice (Header::count_at / payload_at); its partial and apply kernels share
   // its own slice of the scratch.
   bool has_device_kernels() const override { return true; }
+  bool has_device_exact() const override { return true; }
   void partial_device(PackedCall& call, DeviceCommunicator& dev) override {
     const bool w64 = call.wire() == DType::F64;
     std::vector<double> cols(args_.size());
     for (size_t i = 0; i < args_.size(); ++i) cols[i] = static_cast<double>(args_[i].g.h);
     {
       DeviceGuard guard(dev.device_index());
-      kernels::cuda::write_values(call.payload_data(), w64, cols.data(),
+      kernels::cuda::write_values(call.payload_data(), device_wire(call.wire()), cols.data(),
                                   static_cast<int64_t>(cols.size()), dev.stream());
     }
     char* scratch = static_cast<char*>(call.scratch());

@@ -4,6 +4,7 @@
 // call on a device communicator) without it, so a spec file spells its hooks once:
 //   constexpr DeviceHooks<MyArgs> kDevice = TPNORM_DEVICE_HOOKS(my_partial_cuda, my_apply_cuda);
 // TPNORM_DEVICE_CHUNK_HOOKS adds the row-chunk forms (OpSpec::partial_rows / apply_rows).
+// The _EXACT forms also declare that the hooks run Stats::kExact (OpSpec::has_device_exact).
 #pragma once
 
 #include "ops/op_spec.h"
@@ -18,9 +19,17 @@
   { partial, apply }
 #define TPNORM_DEVICE_CHUNK_HOOKS(partial, apply, partial_rows, apply_rows) \
   { partial, apply, partial_rows, apply_rows }
+#define TPNORM_DEVICE_HOOKS_EXACT(partial, apply) \
+  { partial, apply, nullptr, nullptr, true }
+#define TPNORM_DEVICE_CHUNK_HOOKS_EXACT(partial, apply, partial_rows, apply_rows) \
+  { partial, apply, partial_rows, apply_rows, true }
 #else
 #define TPNORM_DEVICE_HOOKS(partial, apply) \
   {}
 #define TPNORM_DEVICE_CHUNK_HOOKS(partial, apply, partial_rows, apply_rows) \
+  {}
+#define TPNORM_DEVICE_HOOKS_EXACT(partial, apply) \
+  {}
+#define TPNORM_DEVICE_CHUNK_HOOKS_EXACT(partial, apply, partial_rows, apply_rows) \
   {}
 #endif

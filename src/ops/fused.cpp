@@ -52,9 +52,9 @@ void backward_apply_device(PackedCall& call, DeviceCommunicator& dev, const Fuse
 }
 #endif
 constexpr DeviceHooks<FusedForward> kForwardDevice =
-    TPNORM_DEVICE_HOOKS(forward_partial_device, forward_apply_device);
+    TPNORM_DEVICE_HOOKS_EXACT(forward_partial_device, forward_apply_device);
 constexpr DeviceHooks<FusedBackward> kBackwardDevice =
-    TPNORM_DEVICE_HOOKS(backward_partial_device, backward_apply_device);
+    TPNORM_DEVICE_HOOKS_EXACT(backward_partial_device, backward_apply_device);
 
 void agree_common(PackedCall& call, const TensorView& x, int64_t rows, bool centered, double alpha,
                   const TensorView& gamma, const NormOptions& opt) {

@@ -113,6 +113,9 @@ class OpSpec {
 
   /// Device hooks, on `dev`'s stream; the device call checks the summed header on device.
   virtual bool has_device_kernels() const { return false; }
+  /// Whether the device hooks also run Stats::kExact (int64 limbs); run_op refuses an exact
+  /// call on a device communicator otherwise.
+  virtual bool has_device_exact() const { return false; }
   virtual void partial_device(PackedCall&, DeviceCommunicator&) {}
   virtual void apply_device(PackedCall&, DeviceCommunicator&) {}
 
@@ -137,7 +140,8 @@ class OpSpec {
   bool check_agreement_;
 };
 
-/// The device hooks of a spec whose state is `Args`: two functions of ops/cuda, or none.
+/// The device hooks of a spec whose state is `Args`: two functions of ops/cuda, or none;
+/// `exact` when they also run Stats::kExact.
 template <class Args>
 struct DeviceHooks {
   void (*partial)(PackedCall&, DeviceCommunicator&, const Args&) = nullptr;
@@ -145,6 +149,7 @@ struct DeviceHooks {
   /// The same on rows [begin, end) of a chunked call (OpSpec::partial_rows); optional.
   void (*partial_rows)(PackedCall&, DeviceCommunicator&, const Args&, const ChunkRows&) = nullptr;
   void (*apply_rows)(PackedCall&, DeviceCommunicator&, const Args&, const ChunkRows&) = nullptr;
+  bool exact = false;  ///< the hooks also run Stats::kExact
 };
 
 /// An OpSpec whose state is one `Args` (the call's views, options and geometry), with the
@@ -161,6 +166,7 @@ class SpecOf : public OpSpec {
       : OpSpec(name, opt.stats, opt.check_agreement), args_(args), device_(device) {}
 
   bool has_device_kernels() const final { return device_.partial && device_.apply; }
+  bool has_device_exact() const final { return has_device_kernels() && device_.exact; }
   void partial_device(PackedCall& call, DeviceCommunicator& dev) final {
     device_.partial(call, dev, args_);
   }

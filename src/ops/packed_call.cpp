@@ -294,9 +294,10 @@ void PackedCall::reduce_device() {
 void PackedCall::enqueue_device_header(const double* head) {
   try {
 #ifdef TPNORM_WITH_CUDA
-    kernels::cuda::write_header(dev_base_, wire_ == DType::F64, head,
-                                static_cast<int>(header_values_), failed_ ? payload_values_ : 0,
-                                dev_->stream());
+    using kernels::cuda::Wire;
+    const Wire w = wire_ == DType::I64 ? Wire::kI64 : wire_ == DType::F64 ? Wire::kF64 : Wire::kF32;
+    kernels::cuda::write_header(dev_base_, w, head, static_cast<int>(header_values_),
+                                failed_ ? payload_values_ : 0, dev_->stream());
 #else
     (void)head;
     throw Error(ErrorCode::kInternal, "tpnorm: a device call in a build without CUDA");

@@ -145,10 +145,10 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
 };
 
 constexpr DeviceHooks<RowForwardCall> kForwardDevice =
-    TPNORM_DEVICE_CHUNK_HOOKS(row_forward_partial_cuda, row_forward_apply_cuda,
-                              row_forward_partial_rows_cuda, row_forward_apply_rows_cuda);
+    TPNORM_DEVICE_CHUNK_HOOKS_EXACT(row_forward_partial_cuda, row_forward_apply_cuda,
+                                    row_forward_partial_rows_cuda, row_forward_apply_rows_cuda);
 constexpr DeviceHooks<RowBackwardCall> kBackwardDevice =
-    TPNORM_DEVICE_HOOKS(row_backward_partial_cuda, row_backward_apply_cuda);
+    TPNORM_DEVICE_HOOKS_EXACT(row_backward_partial_cuda, row_backward_apply_cuda);
 
 PendingCall row_forward(const char* name, Communicator& comm, const RowForward& a,
                         const NormOptions& opt) {

@@ -15,7 +15,13 @@ namespace tpnorm::detail {
 /// The call's summed header as the apply kernels read it (valid after reduce()).
 inline kernels::cuda::Header device_header(PackedCall& call, const Communicator& comm) {
   return {call.base(), static_cast<int>(call.header_values()), comm.size(),
-          call.wire() == DType::F64};
+          call.wire() != DType::F32, call.wire() == DType::I64};
+}
+
+/// The kernels' name of the call's wire type.
+inline kernels::cuda::Wire device_wire(DType wire) {
+  using kernels::cuda::Wire;
+  return wire == DType::I64 ? Wire::kI64 : wire == DType::F64 ? Wire::kF64 : Wire::kF32;
 }
 
 }  // namespace tpnorm::detail

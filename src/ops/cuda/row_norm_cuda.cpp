@@ -8,6 +8,7 @@
 #include "common/dispatch.h"
 #include "kernels/cuda/row_norm.h"
 #include "ops/cuda/device_call.h"
+#include "ops/cuda/exact_cuda.h"
 
 namespace tpnorm::detail {
 namespace {
@@ -49,6 +50,8 @@ void backward_kernel(DeviceCommunicator& dev, const RowBackward& a, Fn&& fn) {
 // This rank's header for the partial kernel to write (nothing when the call failed already).
 kcu::HeaderWrite header_for_partial(PackedCall& call) {
   kcu::HeaderWrite hw;
+  // Stats::kExact's int64 header is left to the header kernel: the exact partials write none.
+  if (call.wire() == DType::I64) return hw;
   if (!call.take_device_header(hw.v)) return hw;
   hw.base = call.base();
   hw.w64 = call.wire() == DType::F64;
@@ -60,6 +63,7 @@ kcu::HeaderWrite header_for_partial(PackedCall& call) {
 
 void row_forward_partial_at(DeviceCommunicator& dev, const RowForward& a, Stats stats, bool w64,
                             void* payload, const kcu::HeaderWrite& hw) {
+  if (stats == Stats::kExact) return exact_row_forward_partial_at(dev, a, payload);
   forward_kernel(dev, a, [&](const kcu::RowArgs& k, auto x) {
     kcu::row_partial_forward(k, x, stats == Stats::kRobust, w64, payload, hw);
   });
@@ -67,6 +71,7 @@ void row_forward_partial_at(DeviceCommunicator& dev, const RowForward& a, Stats 
 
 void row_forward_apply_at(DeviceCommunicator& dev, const RowForward& a, double eps,
                           const kcu::Header& hd) {
+  if (hd.i64) return exact_row_forward_apply_at(dev, a, eps, hd);
   forward_kernel(dev, a, [&](const kcu::RowArgs& k, auto x) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
     kcu::row_apply_forward(k, x, static_cast<const T*>(a.gamma.data),
@@ -75,21 +80,24 @@ void row_forward_apply_at(DeviceCommunicator& dev, const RowForward& a, double e
   });
 }
 
-size_t row_backward_scratch_at(const RowBackward& a) {
+size_t row_backward_scratch_at(const RowBackward& a, Stats stats) {
+  if (stats == Stats::kExact) return exact_row_backward_scratch_at(a);
   const bool params = a.dgamma.present() || (a.centered && a.dbeta.present());
   return kcu::row_norm_scratch_bytes(a.g.rows, a.g.h, params);
 }
 
-void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64, void* payload,
-                             void* scratch, const kcu::HeaderWrite& hw) {
+void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, Stats stats, bool w64,
+                             void* payload, void* scratch, const kcu::HeaderWrite& hw) {
+  if (stats == Stats::kExact) return exact_row_backward_partial_at(dev, a, payload);
   backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
     kcu::row_partial_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, w64, payload,
-                              row_backward_scratch_at(a) > 0 ? scratch : nullptr, hw);
+                              row_backward_scratch_at(a, stats) > 0 ? scratch : nullptr, hw);
   });
 }
 
 void row_backward_apply_at(DeviceCommunicator& dev, const RowBackward& a, const kcu::Header& hd,
                            void* scratch) {
+  if (hd.i64) return exact_row_backward_apply_at(dev, a, hd, scratch);
   backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(in.x)>>;
     kcu::row_apply_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, hd,
@@ -108,12 +116,14 @@ void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const Row
   row_forward_apply_at(dev, c.a, c.opt.eps, device_header(call, dev));
 }
 
-size_t row_backward_scratch_cuda(const RowBackwardCall& c) { return row_backward_scratch_at(c.a); }
+size_t row_backward_scratch_cuda(const RowBackwardCall& c) {
+  return row_backward_scratch_at(c.a, c.opt.stats);
+}
 
 void row_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
                                const RowBackwardCall& c) {
-  row_backward_partial_at(dev, c.a, call.wire() == DType::F64, call.payload_data(), call.scratch(),
-                          header_for_partial(call));
+  row_backward_partial_at(dev, c.a, c.opt.stats, call.wire() == DType::F64, call.payload_data(),
+                          call.scratch(), header_for_partial(call));
 }
 
 void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c) {

@@ -25,14 +25,16 @@ void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const Ro
 /// The same stages at a given place of a call's buffer: `payload` for the partials, the
 /// Header view (count slot and statistics slice) for the applies, and the backward's
 /// `scratch` (row_backward_scratch_at bytes) for both. Batched calls (ops/batched.cpp) run
-/// each item this way.
+/// each item this way. Stats::kExact (an int64 header, Header::i64) runs the exact stages of
+/// ops/cuda/exact_cuda.h.
 void row_forward_partial_at(DeviceCommunicator& dev, const RowForward& a, Stats stats, bool w64,
                             void* payload, const kernels::cuda::HeaderWrite& hw = {});
 void row_forward_apply_at(DeviceCommunicator& dev, const RowForward& a, double eps,
                           const kernels::cuda::Header& hd);
-size_t row_backward_scratch_at(const RowBackward& a);
-void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, bool w64, void* payload,
-                             void* scratch, const kernels::cuda::HeaderWrite& hw = {});
+size_t row_backward_scratch_at(const RowBackward& a, Stats stats);
+void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, Stats stats, bool w64,
+                             void* payload, void* scratch,
+                             const kernels::cuda::HeaderWrite& hw = {});
 void row_backward_apply_at(DeviceCommunicator& dev, const RowBackward& a,
                            const kernels::cuda::Header& hd, void* scratch);
 
