@@ -151,6 +151,263 @@ inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const
   }
 }
 
+// --- backward apply -------------------------------------------------------------------------
+// Rows go through the backward in groups of up to kGroup: the dgamma/dbeta lanes of a column
+// are loaded and stored once per group, not once per row (at h = 4096 they are 32 KiB, all of
+// L1, and updating them row by row cost a third of the kernel's time).
+constexpr int kGroup = 4;
+
+// One row of the backward: its inputs and output, x - mean as (x - mh) - mt, rstd, dx's
+// constants c1 and c2, and with a.fused its sums (accumulated block by block).
+template <class T, class W>
+struct BackwardRow {
+  const T* x = nullptr;
+  const T* dy = nullptr;
+  T* dx = nullptr;
+  W* st = nullptr;
+  const T* pfx = nullptr;  // prefetched at the column the group pass reads (null: none)
+  const T* pfy = nullptr;
+  float mh = 0, mt = 0, rs = 0, c1 = 0, c2 = 0;
+  int64_t skew = 0;  // with streaming stores: elements before dx's first 64-byte boundary
+  W s1 = 0, s2 = 0;
+};
+
+// dgamma/dbeta of one thread: float32 sums over its last (< kParamRows) rows, added into the
+// double sums of the current slot (bind) every kParamRows rows and at the end of a segment.
+struct ParamSums {
+  int64_t h;
+  // dbf is 64 bytes further than h on: with h a multiple of 1024, dgf[j] and dbf[j] would be
+  // a multiple of 4 KiB apart, and the store to one would stall the load of the other.
+  std::vector<float> part;
+  float* dgf;
+  float* dbf;
+  double* dg = nullptr;
+  double* db = nullptr;
+  int pending = 0;
+  explicit ParamSums(int64_t cols)
+      : h(cols), part(cols > 0 ? 2 * cols + 16 : 0, 0.0f), dgf(part.data()), dbf(dgf + h + 16) {}
+  void bind(double* slot) {
+    dg = slot;
+    db = slot + h;
+  }
+  void flush() {
+    for (int64_t j = 0; j < h; ++j) {
+      dg[j] += dgf[j];
+      db[j] += dbf[j];
+      dgf[j] = 0;
+      dbf[j] = 0;
+    }
+    pending = 0;
+  }
+};
+
+// Columns [j0, j1) of G rows in one pass: with kSums each row's block sums {sum g, sum g*xhat}
+// (float lanes in two chains, then added in W: block_sums' order exactly, so the same bits),
+// with kParams dgf += dy*xhat, dbf += dy, rows in order (the same bits as row by row).
+template <int G, bool kSums, bool kParams, class T, class P, class W>
+inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_t j1, float* dgf,
+                       float* dbf) {
+  constexpr int64_t L = vf::L;
+  const T* xr[G];
+  const T* dr[G];
+  const T* px[G];
+  const T* py[G];
+  float mh[G], mt[G], rs[G];
+  vf u0[G], v0[G], u1[G], v1[G];
+  for (int i = 0; i < G; ++i) {
+    xr[i] = rw[i].x;
+    dr[i] = rw[i].dy;
+    px[i] = rw[i].pfx;
+    py[i] = rw[i].pfy;
+    mh[i] = rw[i].mh;
+    mt[i] = rw[i].mt;
+    rs[i] = rw[i].rs;
+    u0[i] = v0[i] = u1[i] = v1[i] = vsplat(0);
+  }
+  // always_inline: GCC kept this lambda out of line, its arrays in memory (2x slower).
+  auto step = [&](int64_t j, auto* u, auto* v) __attribute__((always_inline)) {
+    using V = std::remove_reference_t<decltype(*u)>;
+    V gm{}, pg{}, pb{};
+    if (kSums && gamma) gm = load_as<V>(gamma + j);
+    if constexpr (kParams) pg = load_as<V>(dgf + j), pb = load_as<V>(dbf + j);
+    for (int i = 0; i < G; ++i) {
+      const V d = load_as<V>(dr[i] + j);
+      const V xhat = xhat_at<V>(xr[i], j, mh[i], mt[i], rs[i]);
+      if constexpr (kSums) {
+        const V g = gamma ? d * gm : d;
+        u[i] += g;
+        v[i] += g * xhat;
+      }
+      if constexpr (kParams) {
+        pg = fmadd(d, xhat, pg);
+        pb = pb + d;
+      }
+    }
+    if constexpr (kParams) store_as(dgf + j, pg), store_as(dbf + j, pb);
+  };
+  int64_t j = j0;
+  for (; j + 2 * L <= j1; j += 2 * L) {
+    for (int i = 0; i < G; ++i)
+      if (px[i]) {
+        __builtin_prefetch(px[i] + j, 0, 2), __builtin_prefetch(px[i] + j + L, 0, 2);
+        __builtin_prefetch(py[i] + j, 0, 2), __builtin_prefetch(py[i] + j + L, 0, 2);
+      }
+    step(j, u0, v0);
+    step(j + L, u1, v1);
+  }
+  for (; j + L <= j1; j += L) step(j, u0, v0);
+  float f1[G], f2[G];
+  for (int i = 0; i < G; ++i) {
+    f1[i] = kSums ? hsum(u0[i] + u1[i]) : 0.0f;
+    f2[i] = kSums ? hsum(v0[i] + v1[i]) : 0.0f;
+  }
+  for (; j < j1; ++j) step(j, f1, f2);
+  if constexpr (kSums)
+    for (int i = 0; i < G; ++i) {
+      rw[i].s1 += f1[i];
+      rw[i].s2 += f2[i];
+    }
+}
+
+template <bool kSums, bool kParams, class T, class P, class W>
+inline void group_pass(int g, BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_t j1,
+                       float* dgf, float* dbf) {
+  switch (g) {
+    case 1: return group_pass<1, kSums, kParams>(rw, gamma, j0, j1, dgf, dbf);
+    case 2: return group_pass<2, kSums, kParams>(rw, gamma, j0, j1, dgf, dbf);
+    case 3: return group_pass<3, kSums, kParams>(rw, gamma, j0, j1, dgf, dbf);
+    default: return group_pass<kGroup, kSums, kParams>(rw, gamma, j0, j1, dgf, dbf);
+  }
+}
+
+// The backward apply over a range of rows. Each row needs its sums before its dx, so:
+// - not fused (the sums came from the reduce): per block of kBlock columns, the group pass
+//   (dgamma/dbeta) reads the block from memory and the dx loop re-reads it from L1;
+// - fused (one rank, the kernel's own sums): software-pipelined by group. Per block, the group
+//   pass reads the next group's rows from memory (sums, dgamma/dbeta) while the previous group,
+//   whose sums are complete and whose rows are still in L2, writes dx. x and dy are read from
+//   memory once, and the reads are spread over the whole kernel instead of alternating with
+//   phases of arithmetic and writes (the row-by-row form left memory idle while it wrote dx).
+// The group pass prefetches the same columns one group on (kGroup rows of 4 KiB are as many
+// pages, on each of which the hardware prefetcher starts cold).
+template <class T, class P, class W, class S>
+struct BackwardRows {
+  const RowNormArgs& a;
+  const T* dy;
+  const T* x;
+  const P* gamma;
+  const S* mean;
+  const S* rstd;
+  W* stats;
+  double n;
+  T* dx;
+  bool stream;
+
+  BackwardRow<T, W> row(int64_t r) const {
+    BackwardRow<T, W> w;
+    w.x = x + r * a.h;
+    w.dy = dy + r * a.h;
+    w.dx = dx + r * a.h;
+    w.st = stats + r * (a.centered ? 2 : 1);
+    if (a.centered) split_mean(mean[r], w.mh, w.mt);
+    w.rs = static_cast<float>(rstd[r]);
+    if constexpr (std::is_same_v<T, float>)
+      if (stream) w.skew = ((64 - (reinterpret_cast<uintptr_t>(w.dx) & 63)) & 63) / sizeof(T);
+    return w;
+  }
+  void constants(BackwardRow<T, W>& w) const {
+    const int k = a.centered ? 2 : 1;
+    const W div = a.final_stats ? W(1) : static_cast<W>(n);
+    w.c1 = a.centered ? static_cast<float>(w.st[0] / div) : 0.0f;
+    w.c2 = static_cast<float>(w.st[k - 1] / div);
+  }
+  // A (ga rows, may be 0): the group pass (kSums: their sums; ps: dgamma/dbeta). B (gb rows):
+  // dx, given their constants. Both per block of columns, A first.
+  template <bool kSums>
+  void sweep(BackwardRow<T, W>* A, int ga, ParamSums* ps, BackwardRow<T, W>* B, int gb) const {
+    const int64_t h = a.h;
+    const T* none = nullptr;
+    for (int64_t j0 = 0; j0 < h; j0 += kBlock) {
+      const int64_t j1 = std::min(h, j0 + kBlock);
+      if (ga > 0) {
+        if (ps)
+          group_pass<kSums, true>(ga, A, gamma, j0, j1, ps->dgf, ps->dbf);
+        else
+          group_pass<kSums, false>(ga, A, gamma, j0, j1, nullptr, nullptr);
+      }
+      for (int i = 0; i < gb; ++i) {
+        const BackwardRow<T, W>& w = B[i];
+        // Streaming: chunks shifted by the row's skew, so only its first chunk peels.
+        const int64_t lo = j0 == 0 ? 0 : std::min(h, j0 + w.skew);
+        const int64_t hi = j1 == h ? h : std::min(h, j1 + w.skew);
+        const T* xr = w.x + lo;
+        const T* dyr = w.dy + lo;
+        const float mh = w.mh, mt = w.mt, rs = w.rs, c1 = w.c1, c2 = w.c2;
+        const P* gm = gamma ? gamma + lo : nullptr;
+        // Without a group pass B reads memory itself, and prefetches as the group pass would.
+        const T* p1 = ga == 0 && w.pfx ? w.pfx + lo : none;
+        const T* p2 = ga == 0 && w.pfy ? w.pfy + lo : none;
+        write_row(w.dx + lo, hi - lo, stream, p1, p2, [=](int64_t j, auto tag) {
+          using V = decltype(tag);
+          const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
+          const V d = load_as<V>(dyr + j);
+          const V g = gm ? d * load_as<V>(gm + j) : d;
+          return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
+        });
+      }
+    }
+  }
+  // Rows [r0, r1) with ps (may be null) bound to their dgamma/dbeta slot.
+  void segment(int64_t r0, int64_t r1, ParamSums* ps) const {
+    const bool sums = a.fused && !a.final_stats;
+    BackwardRow<T, W> cur[kGroup], nxt[kGroup];
+    int gc = 0;
+    for (int64_t r = r0; r < r1;) {
+      // Groups never straddle a float32 flush of dgamma/dbeta. fp16/bf16 go row by row: with
+      // bf16 and groups of 4 rows, GCC 12 -O3 computed wrong sums (not understood; float and
+      // fp16 give the bits of the row-by-row form, checked), and their lane-by-lane
+      // conversions are the slow part there anyway.
+      const int64_t most = std::is_same_v<T, float> ? kGroup : 1;
+      int g = static_cast<int>(std::min<int64_t>(most, r1 - r));
+      if (ps) g = std::min(g, kParamRows - ps->pending);
+      for (int i = 0; i < g; ++i) {
+        nxt[i] = row(r + i);
+        // The group pass prefetches the same columns g rows on, what it reads next.
+        if (r + i + g < a.rows) {
+          nxt[i].pfx = nxt[i].x + g * a.h;
+          nxt[i].pfy = nxt[i].dy + g * a.h;
+        }
+      }
+      if (!sums) {
+        if (a.fused)
+          for (int i = 0; i < g; ++i)
+            fused_exact_backward(a, nxt[i].dy, nxt[i].x, gamma, nxt[i].mh, nxt[i].mt, nxt[i].rs,
+                                 nxt[i].st);
+        for (int i = 0; i < g; ++i) constants(nxt[i]);
+        sweep<false>(ps ? nxt : nullptr, ps ? g : 0, ps, nxt, g);
+      } else {
+        sweep<true>(nxt, g, ps, cur, gc);
+        for (int i = 0; i < g; ++i) {
+          BackwardRow<T, W>& w = nxt[i];
+          if (a.centered) {
+            w.st[0] = w.s1;
+            w.st[1] = w.s2;
+          } else {
+            w.st[0] = w.s2;
+          }
+          constants(w);
+          cur[i] = w;
+        }
+        gc = g;
+      }
+      if (ps && (ps->pending += g) == kParamRows) ps->flush();
+      r += g;
+    }
+    if (gc > 0) sweep<false>(nullptr, 0, nullptr, cur, gc);
+    if (ps && ps->pending > 0) ps->flush();
+  }
+};
+
 }  // namespace
 
 template <class T, class W>
@@ -224,82 +481,39 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
                         const S* mean, const S* rstd, W* stats, double n, T* dx, P* dgamma,
                         P* dbeta) {
   const int64_t h = a.h;
-  const int k = a.centered ? 2 : 1;
   const int nt = thread_count(a.threads, a.rows);
   const bool params = dgamma || dbeta;
-  const bool stream = stream_rows<T>(a, 3);
   // Per-thread column sums in double, added in a fixed order: deterministic for a thread count.
   // With final_stats: per-block sums instead (kFixedRows rows of the call), deterministic for
   // any thread count. A chunked call (a.param_acc) keeps them across its chunks.
   const bool fixed = params && a.final_stats;
-  const int64_t span = fixed ? kFixedRows : 1;  // rows per work item of the loop
+  const int64_t span = fixed ? kFixedRows : 1;      // rows per work item
   const int64_t first = fixed ? a.row0 / span : 0;  // the call's block of this chunk's row 0
   const int64_t items = fixed ? (a.row0 + a.rows + span - 1) / span - first : a.rows;
   const int64_t slots = params ? param_slots(a) : 0;
   std::vector<double> own(params && !a.param_acc ? static_cast<size_t>(slots) * 2 * h : 0, 0.0);
   double* acc = a.param_acc ? a.param_acc : own.data();
+  const BackwardRows<T, P, W, S> k{a, dy, x, gamma, mean, rstd, stats, n, dx,
+                                   stream_rows<T>(a, 3)};
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
-    double* dg = params ? acc + static_cast<size_t>(t) * 2 * h : nullptr;
-    double* db = params ? dg + h : nullptr;
-    // This thread's float32 sums over its last (< kParamRows) rows.
-    // dbf is 64 bytes further than h on: with h a multiple of 1024, dgf[j] and dbf[j] would be
-    // a multiple of 4 KiB apart, and the store to one would stall the load of the other.
-    std::vector<float> part(params ? static_cast<size_t>(2) * h + 16 : 0, 0.0f);
-    float* dgf = part.data();
-    float* dbf = dgf + (params ? h + 16 : 0);
-    int pending = 0;
-    auto flush = [&] {
-      for (int64_t j = 0; j < h; ++j) {
-        dg[j] += dgf[j];
-        db[j] += dbf[j];
-        dgf[j] = 0;
-        dbf[j] = 0;
-      }
-      pending = 0;
-    };
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-      int64_t r0 = item, r1 = item + 1;  // this chunk's rows of the item
-      if (fixed) {
-        dg = acc + static_cast<size_t>(first + item) * 2 * h;
-        db = dg + h;
-        r0 = std::max<int64_t>(0, (first + item) * span - a.row0);
-        r1 = std::min(a.rows, (first + item + 1) * span - a.row0);
-      }
-      for (int64_t r = r0; r < r1; ++r) {
-        float mh = 0, mt = 0;
-        if (a.centered) split_mean(mean[r], mh, mt);
-        const float rs = static_cast<float>(rstd[r]);
-        const T* xr = x + r * h;
-        const T* dyr = dy + r * h;
-        W* st = stats + r * k;
-        if (a.fused && a.final_stats)
-          fused_exact_backward(a, dyr, xr, gamma, mh, mt, rs, st);
-        else if (a.fused)
-          backward_sums(a, dyr, xr, gamma, mh, mt, rs, st, ahead(a, dy, r), ahead(a, x, r));
-        const W div = a.final_stats ? W(1) : static_cast<W>(n);
-        const float c1 = a.centered ? static_cast<float>(st[0] / div) : 0.0f;
-        const float c2 = static_cast<float>(st[k - 1] / div);
-        write_row(dx + r * h, h, stream, ahead(a, x, r), ahead(a, dy, r), [=](int64_t j, auto tag) {
-          using V = decltype(tag);
-          const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
-          const V d = load_as<V>(dyr + j);
-          const V g = gamma ? d * load_as<V>(gamma + j) : d;
-          if (params) {  // both loads before the stores (these may alias)
-            const V g0 = load_as<V>(dgf + j), b0 = load_as<V>(dbf + j);
-            store_as(dgf + j, fmadd(d, xhat, g0));
-            store_as(dbf + j, b0 + d);
-          }
-          return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
-        });
-        if (params && ++pending == kParamRows) flush();
-      }
-      if (fixed && pending > 0) flush();
+    // This thread's items: OpenMP's static schedule (contiguous, the first items % nt threads
+    // one more), so that the per-thread sums do not change with this loop's form.
+    const int64_t q = items / nt, extra = items % nt;
+    const int64_t i0 = t * q + std::min<int64_t>(t, extra), i1 = i0 + q + (t < extra ? 1 : 0);
+    ParamSums ps(params ? h : 0);
+    for (int64_t item = i0; item < i1;) {
+      // A segment: one fixed block of the call (its own slot; this chunk's rows of it), or the
+      // thread's whole range (its slot t).
+      const int64_t slot = fixed ? first + item : t, last = fixed ? item + 1 : i1;
+      const int64_t r0 = fixed ? std::max<int64_t>(0, (first + item) * span - a.row0) : item;
+      const int64_t r1 = fixed ? std::min(a.rows, (first + item + 1) * span - a.row0) : last;
+      if (params) ps.bind(acc + static_cast<size_t>(slot) * 2 * h);
+      k.segment(r0, r1, params ? &ps : nullptr);
+      item = last;
     }
-    if (params && pending > 0) flush();
-    if (stream) stream_fence();
+    if (k.stream) stream_fence();
   }
   if (!params || (a.param_acc && !a.param_last)) return;
   for (int64_t j = 0; j < h; ++j) {
