@@ -7,7 +7,10 @@
 // registers an op's two statistics modes timed against each other (a second table).
 //
 // Bytes are the op's minimum traffic: forward reads x and writes y, backward reads x and dy and
-// writes dx (parameters and per-row statistics are negligible and not counted).
+// writes dx (parameters and per-row statistics are negligible and not counted). An op that must
+// read an input again after its collective (SyncBatchNorm: the apply cannot start before the
+// channel statistics are summed) also states the bytes it really moves (`moved`), and the table
+// gives its ratio to the memory limit over those bytes too.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +25,9 @@ using Call = std::function<void(int threads)>;
 
 /// [in] make: allocates and fills the op's buffers when its benchmark starts (not at
 /// registration, so only one case's tensors are alive at a time) and returns the call.
+/// moved: the bytes the op really moves (0: `bytes`).
 void add_op(const std::string& op, const std::string& pass, const std::string& shape, int64_t bytes,
-            std::function<Call()> make);
+            std::function<Call()> make, int64_t moved = 0);
 
 /// One op in Stats::kRobust and in Stats::kExact on the same buffers, for the exact-vs-robust
 /// table: `bytes_sent` reads the payload counter of the communicator both calls use.
