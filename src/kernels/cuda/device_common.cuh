@@ -75,17 +75,18 @@ __device__ __forceinline__ void store_fd(void* p, int64_t i, bool is64, double v
     static_cast<float*>(p)[i] = static_cast<float>(v);
 }
 
-// Sum of K values over the `tpr` threads of a row: a warp (tpr == 32, no shared memory, no
-// block barrier) or the whole block (tpr == blockDim.x: every thread must call). The block
-// case adds the warps' sums in a fixed order, so every thread gets the same bits.
-template <int K>
-__device__ __forceinline__ void group_sum(float (&v)[K], int tpr) {
+// Sum of K values (float, or int64 limbs) over the `tpr` threads of a row: a warp (tpr == 32,
+// no shared memory, no block barrier) or the whole block (tpr == blockDim.x: every thread must
+// call). The block case adds the warps' sums in a fixed order, so every thread gets the same
+// bits.
+template <int K, class T>
+__device__ __forceinline__ void group_sum(T (&v)[K], int tpr) {
 #pragma unroll
   for (int k = 0; k < K; ++k)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
   if (tpr <= 32) return;
-  __shared__ float sm[32][K];
+  __shared__ T sm[32][K];
   const int w = threadIdx.x / 32, nw = blockDim.x / 32;
   __syncthreads();
   if (threadIdx.x % 32 == 0)
@@ -94,7 +95,7 @@ __device__ __forceinline__ void group_sum(float (&v)[K], int tpr) {
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    float s = 0;
+    T s = 0;
     for (int i = 0; i < nw; ++i) s += sm[i][k];
     v[k] = s;
   }

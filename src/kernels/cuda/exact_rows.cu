@@ -16,6 +16,7 @@
 #include "kernels/cuda/exact_acc.h"
 #include "kernels/cuda/exact_rows.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/plan.h"
 
 namespace tpnorm::kernels::cuda {
 namespace {
@@ -47,30 +48,6 @@ __device__ __forceinline__ int group_max(int v, int tpr) {
   int m = 0;
   for (int i = 0; i < nw; ++i) m = max(m, sm[i]);
   return m;
-}
-
-// The sum of K int64 limbs over the tpr threads of a row (as group_max). Integer adds: exact
-// and order-free; each limb stays below 256 * 2^52 (exact_acc.h: limbs of partial sums).
-template <int K>
-__device__ __forceinline__ void group_sum_limbs(int64_t (&v)[K], int tpr) {
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-  if (tpr <= 32) return;
-  __shared__ int64_t sm[32][K];
-  const int w = threadIdx.x / 32, nw = blockDim.x / 32;
-  __syncthreads();
-  if (threadIdx.x % 32 == 0)
-#pragma unroll
-    for (int k = 0; k < K; ++k) sm[w][k] = v[k];
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    int64_t s = 0;
-    for (int i = 0; i < nw; ++i) s += sm[i][k];
-    v[k] = s;
-  }
 }
 
 // The summed int64 header (layout: common/call_header.h): no rank failed, every fingerprint
@@ -139,7 +116,7 @@ __global__ void __launch_bounds__(256)
   l[0] = acc.bad;
   exact::pack(acc.s1, l + 1, exact::kLimbs1);
   exact::pack(acc.s2, l + 1 + exact::kLimbs1, exact::kLimbs2);
-  group_sum_limbs(l, g.tpr);
+  group_sum(l, g.tpr);  // int64 adds: exact and order-free; limbs stay below 256 * 2^52
   if (lane == 0) write_row_limbs<exact::kLimbs2>(l, out + r * limbs, limbs);
 }
 
@@ -209,7 +186,7 @@ __global__ void __launch_bounds__(256)
   l[0] = ag.bad + ax.bad;
   exact::pack(ag.s1, l + 1, exact::kLimbs1);
   exact::pack(ax.s1, l + 1 + exact::kLimbs1, exact::kLimbs1);
-  group_sum_limbs(l, g.tpr);
+  group_sum(l, g.tpr);  // int64 adds: exact and order-free; limbs stay below 256 * 2^52
   if (lane == 0) write_row_limbs<exact::kLimbs1>(l, out + r * limbs, limbs);
 }
 
@@ -407,20 +384,7 @@ Launch choose(const ExactRowArgs& a, std::initializer_list<const void*> ptrs) {
 // body(std::integral_constant<int, V>) with V the plan's vector width (at most 16 bytes).
 template <class D, class Body>
 void with_pack(const Launch& l, Body&& body) {
-  constexpr int kMax = static_cast<int>(16 / sizeof(D));
-  switch (l.p.vec) {
-    case 8:
-      if constexpr (kMax >= 8) return body(std::integral_constant<int, 8>{});
-      break;
-    case 4:
-      if constexpr (kMax >= 4) return body(std::integral_constant<int, 4>{});
-      break;
-    case 2:
-      return body(std::integral_constant<int, 2>{});
-    default:
-      break;
-  }
-  body(std::integral_constant<int, 1>{});
+  with_vec<D>(l.p.vec, body);
 }
 
 cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }

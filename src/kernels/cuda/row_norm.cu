@@ -390,25 +390,12 @@ Launch choose(const RowArgs& a, std::initializer_list<const void*> ptrs) {
 // exist for D (plan_rows never picks them).
 template <class D, class Body>
 void with_pack(const Launch& l, Body&& body) {
-  constexpr int kMax = static_cast<int>(16 / sizeof(D));
   auto per = [&](auto v) {
     if (l.p.per_thread == kRowSmallPerThread)
       return body(v, std::integral_constant<int, kRowSmallPerThread>{});
     body(v, std::integral_constant<int, row_wide_per_thread(decltype(v)::value)>{});
   };
-  switch (l.p.vec) {
-    case 8:
-      if constexpr (kMax >= 8) return per(std::integral_constant<int, 8>{});
-      break;
-    case 4:
-      if constexpr (kMax >= 4) return per(std::integral_constant<int, 4>{});
-      break;
-    case 2:
-      return per(std::integral_constant<int, 2>{});
-    default:
-      break;
-  }
-  per(std::integral_constant<int, 1>{});
+  with_vec<D>(l.p.vec, per);
 }
 
 // Blocks of `kernel` the current device keeps resident at once (occupancy x SMs), asked once
