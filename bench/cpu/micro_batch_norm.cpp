@@ -18,7 +18,7 @@ using tpnorm::view;
 
 struct Buffers {
   Shape xs;
-  std::vector<float> x, dy, out, gamma, beta, dgamma, dbeta, run_mean, run_var, mean, invstd;
+  tpnorm_perf::Floats x, dy, out, gamma, beta, dgamma, dbeta, run_mean, run_var, mean, invstd;
   std::unique_ptr<tpnorm::Communicator> comm = tpnorm::make_single_communicator();
   tpnorm::BatchNormOptions opt;
   Buffers(Shape s, int64_t c, tpnorm::Layout layout)

@@ -14,7 +14,7 @@ using tpnorm::view;
 
 struct Buffers {
   int64_t rows, h;
-  std::vector<float> x, dy, out, gamma, beta, dgamma, dbeta, mean, rstd;
+  tpnorm_perf::Floats x, dy, out, gamma, beta, dgamma, dbeta, mean, rstd;
   std::unique_ptr<tpnorm::Communicator> comm = tpnorm::make_single_communicator();
   Buffers(int64_t r, int64_t c, bool backward)
       : rows(r),
