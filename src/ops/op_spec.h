@@ -65,10 +65,12 @@ struct PayloadSize {
 
 /// Rows [begin, end) of a chunked call (ops/chunking.h): the runner runs partial_rows on each
 /// chunk, sums each chunk's payload slice in its own collective, and runs apply_rows on each
-/// chunk in order; `first` and `last` mark the call's first and last chunk.
+/// chunk in order; `first` and `last` mark the call's first and last chunk; `size` is the
+/// plan's rows per chunk (chunk 0's rows; the last chunk may have fewer).
 struct ChunkRows {
   int64_t begin = 0, end = 0;
   bool first = true, last = true;
+  int64_t size = 0;
 };
 
 /// What the runner needs to plan the chunks of a call whose statistics are per row; every field

@@ -116,9 +116,12 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
     row_backward_apply(args_.a, call.wire(), call.payload_data(), call.global_count(), args_.run);
   }
 
-  // Device chunks: dx only so far (the device dgamma/dbeta pass reads every row itself), so a
-  // backward on a device communicator is not chunked.
-  bool chunkable(bool on_device) const override { return !on_device; }
+  // Device chunks (ops/cuda/row_chunks_cuda.h): not for Stats::kExact, whose dgamma/dbeta
+  // kernel adds fixed 256-row blocks counted from the call's row 0 (an agreed field, so every
+  // rank decides the same).
+  bool chunkable(bool on_device) const override {
+    return !on_device || (has_device_chunks() && args_.opt.stats != Stats::kExact);
+  }
   ChunkInfo chunk_info() const override { return row_chunk_info(args_.a, args_.opt.stats, false); }
   void partial_rows(PackedCall& call, const ChunkRows& c) override {
     if (!args_.run.fused)
@@ -148,7 +151,8 @@ constexpr DeviceHooks<RowForwardCall> kForwardDevice =
     TPNORM_DEVICE_CHUNK_HOOKS_EXACT(row_forward_partial_cuda, row_forward_apply_cuda,
                                     row_forward_partial_rows_cuda, row_forward_apply_rows_cuda);
 constexpr DeviceHooks<RowBackwardCall> kBackwardDevice =
-    TPNORM_DEVICE_HOOKS_EXACT(row_backward_partial_cuda, row_backward_apply_cuda);
+    TPNORM_DEVICE_CHUNK_HOOKS_EXACT(row_backward_partial_cuda, row_backward_apply_cuda,
+                                    row_backward_partial_rows_cuda, row_backward_apply_rows_cuda);
 
 PendingCall row_forward(const char* name, Communicator& comm, const RowForward& a,
                         const NormOptions& opt) {

@@ -194,8 +194,12 @@ void StartedOp::start() {
   const bool may_chunk =
       chunkable && call_.strict() && info.rows >= 2 && req.mode != chunking::Mode::kOff &&
       (req.mode == chunking::Mode::kOn || (rule.auto_chunks && comm_.size() > 1));
+  // Device calls always take the pipelined path: the chunked backward adds its column sums
+  // chunk by chunk into chunk 0's scratch slices (ops/cuda/row_chunks_cuda.h), which one whole
+  // partial would not leave.
   if (may_chunk && !call_.failed() &&
-      (req.mode == chunking::Mode::kOn || info.local_bytes >= rule.min_chunks * rule.chunk_bytes)) {
+      (req.mode == chunking::Mode::kOn || on_device_ ||
+       info.local_bytes >= rule.min_chunks * rule.chunk_bytes)) {
     {
       nvtx::Phase phase(trace_, "collective");
       call_.check_header_first();  // throws on every rank together
@@ -257,7 +261,7 @@ void StartedOp::plan_chunks(const ChunkInfo& info, const chunking::Request& req)
 }
 
 ChunkRows StartedOp::chunk(int64_t k) const {
-  return {plan_.begin(k), plan_.end(k, rows_), k == 0, k + 1 == plan_.chunks};
+  return {plan_.begin(k), plan_.end(k, rows_), k == 0, k + 1 == plan_.chunks, plan_.chunk_rows};
 }
 
 // After the header's check every rank relies on this rank's statistics: a partial that throws

@@ -157,6 +157,25 @@ TEST(GpuPlanRows, BackwardColumnSumBlocks) {
     }
 }
 
+// A chunked device backward (ops/cuda/row_chunks_cuda.h) adds every chunk's column sums into
+// chunk 0's slices and sizes the scratch as the unchunked call's: both need the blocks never
+// to shrink as rows grow (chunk 0 has the most rows, the whole call more still).
+TEST(GpuPlanRows, BackwardColumnSumBlocksNeverShrinkWithRows) {
+  for (int64_t h : {1, 40, 1024, 1025, 8193}) {
+    int64_t prev = 0;
+    for (int64_t rows = 0; rows <= 20000; ++rows) {
+      const int64_t parts = row_bwd_parts(rows, h);
+      ASSERT_GE(parts, prev) << "rows " << rows << " h " << h;
+      prev = parts;
+    }
+  }
+  // The test cases of gpu_mpi_test_gpu_chunked_mpi: the last chunk has fewer blocks.
+  EXPECT_EQ(row_bwd_parts(64, 1025), 64);
+  EXPECT_EQ(row_bwd_parts(300 - 4 * 64, 1025), 44);
+  EXPECT_EQ(row_bwd_parts(1024, 40), 128);
+  EXPECT_EQ(row_bwd_parts(3000 - 2 * 1024, 40), 119);
+}
+
 // [4, 8, 0, 5] is outer 4, c 8, inner 0 in NCHW and outer 0, c 5, inner 1 channels-last:
 // either way there is no element and x may be null, so nothing may be launched that reads it.
 TEST(GpuPlanChannels, NoElementMeansNoSumsKernelAndNoPivotRead) {

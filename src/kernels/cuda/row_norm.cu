@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kRowThreads)
 template <int V, int NP>
 __device__ __forceinline__ void store_column_sums(const float (&ag)[NP][V],
                                                   const float (&ab)[NP][V], int c, const Geo& g,
-                                                  float* part) {
+                                                  float* part, bool acc) {
   float* pg = part + static_cast<int64_t>(2 * blockIdx.x) * g.h;
   float* pb = pg + g.h;
   const int lane = threadIdx.x % g.tpr;
@@ -199,8 +199,8 @@ __device__ __forceinline__ void store_column_sums(const float (&ag)[NP][V],
       for (int e = 0; e < V; ++e) {
         const int64_t j = int64_t{c + lane + k * g.tpr} * V + e;
         if (j < g.h) {
-          pg[j] = ag[k][e];
-          pb[j] = ab[k][e];
+          pg[j] = acc ? pg[j] + ag[k][e] : ag[k][e];
+          pb[j] = acc ? pb[j] + ab[k][e] : ab[k][e];
         }
       }
     return;
@@ -225,8 +225,8 @@ __device__ __forceinline__ void store_column_sums(const float (&ag)[NP][V],
   for (int t = threadIdx.x; t < 32 * NP * V; t += blockDim.x) {
     const int64_t j = int64_t{c} * V + t;
     if (j < g.h) {
-      pg[j] = sg[t];
-      pb[j] = sb[t];
+      pg[j] = acc ? pg[j] + sg[t] : sg[t];
+      pb[j] = acc ? pb[j] + sb[t] : sb[t];
     }
   }
 }
@@ -242,7 +242,8 @@ template <class T, int V, int E>
 __global__ void __launch_bounds__(kRowThreads)
     partial_bwd(Geo g, const T* __restrict__ dy, const T* __restrict__ x,
                 const T* __restrict__ gamma, const void* mean, const void* rstd, bool s64,
-                bool centered, bool w64, void* out, float* __restrict__ part, HeaderWrite hw) {
+                bool centered, bool w64, void* out, float* __restrict__ part, bool acc,
+                HeaderWrite hw) {
   constexpr int NP = E / V;
   write_header_values(hw);
   const Rows rw = rows_of(g);
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kRowThreads)
       store_fd(out, i0, w64, c == 0 ? s0 : load_fd(out, i0, w64) + s0);
       if (centered) store_fd(out, i0 + 1, w64, c == 0 ? v[1] : load_fd(out, i0 + 1, w64) + v[1]);
     }
-    if (part) store_column_sums<V, NP>(ag, ab, c, g, part);
+    if (part) store_column_sums<V, NP>(ag, ab, c, g, part, acc);
   }
 }
 
@@ -466,7 +467,7 @@ void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* be
 template <class T>
 void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
                           const void* mean, const void* rstd, bool w64, void* payload,
-                          void* scratch, const HeaderWrite& hw) {
+                          void* scratch, const HeaderWrite& hw, bool accumulate) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {dy, x, gamma});
   if (l.p.blocks == 0) return write_header(hw, a.stream);
@@ -477,11 +478,11 @@ void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* ga
       launch("row partial_bwd", kernel, dim3(static_cast<unsigned>(row_bwd_parts(a.rows, a.h))),
              dim3(l.p.threads), st(a.stream), l.g, reinterpret_cast<const D*>(dy),
              reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma), mean, rstd, a.s64,
-             a.centered, w64, payload, part, hw);
+             a.centered, w64, payload, part, accumulate, hw);
     else
       launch_rows("row partial_bwd", kernel, l, a.stream, l.g, reinterpret_cast<const D*>(dy),
                   reinterpret_cast<const D*>(x), reinterpret_cast<const D*>(gamma), mean, rstd,
-                  a.s64, a.centered, w64, payload, part, hw);
+                  a.s64, a.centered, w64, payload, part, false, hw);
   });
 }
 
@@ -492,7 +493,7 @@ size_t row_norm_scratch_bytes(int64_t rows, int64_t h, bool params) {
 template <class T>
 void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma, const void* mean,
                         const void* rstd, const Header& hd, T* dx, T* dgamma, T* dbeta,
-                        void* scratch, int* err) {
+                        void* scratch, int* err, int64_t parts) {
   using D = typename Dev<T>::type;
   const Launch l = choose<D>(a, {dy, x, gamma, dx});
   if (l.p.blocks > 0) {
@@ -507,7 +508,7 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
   // Overlapping apply_bwd only when apply_bwd runs (without rows the previous kernel is the
   // collective's, whose writes the header read must not race).
   const dim3 grid(static_cast<unsigned>((a.h + 255) / 256));
-  const int64_t parts = row_bwd_parts(a.rows, a.h);
+  if (parts < 0) parts = row_bwd_parts(a.rows, a.h);
   const float* part = static_cast<const float*>(scratch);
   D* dg = reinterpret_cast<D*>(dgamma);
   D* db = reinterpret_cast<D*>(dbeta);
@@ -525,9 +526,11 @@ void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamm
   template void row_apply_forward<T>(const RowArgs&, const T*, const T*, const T*, const Header&,  \
                                      double, T*, void*, void*, int*);                              \
   template void row_partial_backward<T>(const RowArgs&, const T*, const T*, const T*, const void*, \
-                                        const void*, bool, void*, void*, const HeaderWrite&);      \
+                                        const void*, bool, void*, void*, const HeaderWrite&,       \
+                                        bool);                                                     \
   template void row_apply_backward<T>(const RowArgs&, const T*, const T*, const T*, const void*,   \
-                                      const void*, const Header&, T*, T*, T*, void*, int*);
+                                      const void*, const Header&, T*, T*, T*, void*, int*,         \
+                                      int64_t);
 TPNORM_CUDA_ROW_INSTANTIATE(float)
 TPNORM_CUDA_ROW_INSTANTIATE(f16)
 TPNORM_CUDA_ROW_INSTANTIATE(bf16)

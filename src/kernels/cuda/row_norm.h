@@ -46,18 +46,23 @@ void row_apply_forward(const RowArgs& a, const T* x, const T* gamma, const T* be
                        const Header& hd, double eps, T* y, void* mean, void* rstd, int* err);
 
 /// Row sums into `payload`; with `scratch` (row_norm_scratch_bytes(rows, h, true) bytes) also
-/// each block's dgamma / dbeta column sums, which row_apply_backward then adds up.
+/// each block's dgamma / dbeta column sums, which row_apply_backward then adds up. Block b
+/// writes slice b (row_bwd_parts(rows, h) slices); with `accumulate` it adds its sums to what
+/// slice b holds (float), so that the row chunks of one call (ops/cuda/row_chunks_cuda.h), run
+/// in order on one stream, add up in the slices of the first chunk, which has the most blocks.
 template <class T>
 void row_partial_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma,
                           const void* mean, const void* rstd, bool w64, void* payload,
-                          void* scratch = nullptr, const HeaderWrite& hw = {});
+                          void* scratch = nullptr, const HeaderWrite& hw = {},
+                          bool accumulate = false);
 
 /// dx from the summed statistics; dgamma/dbeta (may be null) as the sum, in block order, of
-/// the column sums row_partial_backward left in `scratch` (deterministic for a given shape).
+/// the column sums row_partial_backward left in `scratch` (deterministic for a given shape):
+/// the first `parts` slices (< 0: row_bwd_parts(rows, h), this call's own partial's).
 template <class T>
 void row_apply_backward(const RowArgs& a, const T* dy, const T* x, const T* gamma, const void* mean,
                         const void* rstd, const Header& hd, T* dx, T* dgamma, T* dbeta,
-                        void* scratch, int* err);
+                        void* scratch, int* err, int64_t parts = -1);
 
 /// Device scratch the backward needs for dgamma/dbeta (0 when neither is requested).
 size_t row_norm_scratch_bytes(int64_t rows, int64_t h, bool params);

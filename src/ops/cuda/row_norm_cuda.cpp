@@ -87,23 +87,25 @@ size_t row_backward_scratch_at(const RowBackward& a, Stats stats) {
 }
 
 void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, Stats stats, bool w64,
-                             void* payload, void* scratch, const kcu::HeaderWrite& hw) {
+                             void* payload, void* scratch, const kcu::HeaderWrite& hw,
+                             bool accumulate) {
   if (stats == Stats::kExact) return exact_row_backward_partial_at(dev, a, payload);
   backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
     kcu::row_partial_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, w64, payload,
-                              row_backward_scratch_at(a, stats) > 0 ? scratch : nullptr, hw);
+                              row_backward_scratch_at(a, stats) > 0 ? scratch : nullptr, hw,
+                              accumulate);
   });
 }
 
 void row_backward_apply_at(DeviceCommunicator& dev, const RowBackward& a, const kcu::Header& hd,
-                           void* scratch) {
+                           void* scratch, int64_t parts) {
   if (hd.i64) return exact_row_backward_apply_at(dev, a, hd, scratch);
   backward_kernel(dev, a, [&](const kcu::RowArgs& k, auto in) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(in.x)>>;
     kcu::row_apply_backward(k, in.dy, in.x, in.gamma, in.mean, in.rstd, hd,
                             static_cast<T*>(a.dx.data), static_cast<T*>(a.dgamma.data),
                             a.centered ? static_cast<T*>(a.dbeta.data) : nullptr, scratch,
-                            dev.error_word());
+                            dev.error_word(), parts);
   });
 }
 

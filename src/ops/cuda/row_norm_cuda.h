@@ -32,10 +32,13 @@ void row_forward_partial_at(DeviceCommunicator& dev, const RowForward& a, Stats 
 void row_forward_apply_at(DeviceCommunicator& dev, const RowForward& a, double eps,
                           const kernels::cuda::Header& hd);
 size_t row_backward_scratch_at(const RowBackward& a, Stats stats);
+/// `accumulate` and `parts`: the row chunks of one call (row_chunks_cuda.h) add their column
+/// sums into the same scratch slices, and the last chunk's apply adds `parts` of them
+/// (kernels/cuda/row_norm.h); the defaults are the one-chunk call.
 void row_backward_partial_at(DeviceCommunicator& dev, const RowBackward& a, Stats stats, bool w64,
                              void* payload, void* scratch,
-                             const kernels::cuda::HeaderWrite& hw = {});
+                             const kernels::cuda::HeaderWrite& hw = {}, bool accumulate = false);
 void row_backward_apply_at(DeviceCommunicator& dev, const RowBackward& a,
-                           const kernels::cuda::Header& hd, void* scratch);
+                           const kernels::cuda::Header& hd, void* scratch, int64_t parts = -1);
 
 }  // namespace tpnorm::detail

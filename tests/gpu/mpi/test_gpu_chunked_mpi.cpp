@@ -1,14 +1,19 @@
 // Chunked device calls (ops/chunking.h, src/ops/cuda/row_chunks_cuda.*) under mpiexec on the
 // visible GPUs, with TPNORM_CHUNK forcing chunks of a few rows: the LayerNorm / RMSNorm forward
-// runs chunk by chunk (partial kernels on the caller's stream, each chunk's all-reduce on the
-// NCCL communicator's side stream ordered by events), the backward unchunked. Each rank's shard
-// must match the float64 reference on the full data and the CPU op (unchunked) element by
-// element; the counters show one device collective per chunk; with NCCL the chunked forward is
-// also captured in a CUDA graph and replayed. Skipped without a GPU.
+// and backward run chunk by chunk (partial kernels on the caller's stream, each chunk's
+// all-reduce on the NCCL communicator's side stream ordered by events; the backward's chunks add
+// their dgamma / dbeta column sums into the same scratch slices, added up once after the last
+// chunk). Each rank's shard (y, mean, rstd, dx, dgamma, dbeta) must match the float64 reference
+// on the full data and the CPU op (unchunked) element by element; the counters show one device
+// collective per chunk of each pass; a chunked backward repeated gives the same bits; with NCCL
+// the chunked forward is also captured in a CUDA graph and replayed. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpu_checks.h"
 #include "tpnorm/cuda_mpi.h"
@@ -106,8 +111,8 @@ TEST_P(GpuChunked, ForcedChunksMatchReferenceAndCpu) {
     got = run_rows(*gpu, centered, sh.in, gpu->device().index);
   }
   const int64_t k = (c.rows + c.chunk_rows - 1) / c.chunk_rows;
-  EXPECT_EQ(gpu->counters().calls, static_cast<uint64_t>(k + 1))
-      << "one device collective per forward chunk, one for the (unchunked) backward";
+  EXPECT_EQ(gpu->counters().calls, static_cast<uint64_t>(2 * k))
+      << "one device collective per chunk, forward and backward";
   EXPECT_NO_THROW(cuda_check_errors(*gpu));
   auto cpu_comm = make_mpi_communicator(MPI_COMM_WORLD);
   const RowOut cpu = run_rows(*cpu_comm, centered, sh.in, -1);
@@ -126,6 +131,12 @@ const Case kCases[] = {
     {"r37_h33_c8_zero_on_rank1", 37, 33, 8, true},  // rows not a multiple of the chunk
     {"r1_h500_c4", 1, 500, 4},                      // one row: not chunked
     {"r300_h4096_c128", 300, 4096, 128},
+    // Backward column sums: block per row, odd h, 5 chunks, the last one (44 rows) with fewer
+    // column-sum blocks than chunk 0 (row_bwd_parts 64 then 44).
+    {"r300_h1025_c64_zero_on_rank1", 300, 1025, 64, true},
+    // Warp per row, many rows per block: chunk 0 and 1 have 128 column-sum blocks, the last
+    // (952 rows) 119.
+    {"r3000_h40_c1024", 3000, 40, 1024},
 };
 
 std::string name(const ::testing::TestParamInfo<Param>& i) {
@@ -144,6 +155,34 @@ INSTANTIATE_TEST_SUITE_P(Nccl, GpuChunked,
                                             ::testing::Values(DType::F32, DType::BF16),
                                             ::testing::Values(Kind::kNccl)),
                          name);
+
+// A chunked backward is deterministic for a given shape and plan: the same call twice gives the
+// same dx, dgamma and dbeta bits (chunk 0 writes the column-sum slices, later chunks add to them
+// in chunk order; one pass adds the slices in block order).
+TEST(GpuChunkedBackward, RepeatedCallGivesTheSameBits) {
+  TPNORM_REQUIRE_GPU();
+  cudaStream_t s = nullptr;
+  std::string skip;
+  auto gpu = make_comm(Kind::kStaged, &s, &skip);
+  if (!gpu) GTEST_SKIP() << skip;
+  ChunkEnv e("64");
+  const Case c{"det", 300, 1025, 64};
+  const Shard sh = make_shard(c, DType::F32);
+  const RowOut a = run_rows(*gpu, true, sh.in, gpu->device().index);
+  const RowOut b = run_rows(*gpu, true, sh.in, gpu->device().index);
+  EXPECT_NO_THROW(cuda_check_errors(*gpu));
+  int64_t differ = 0;
+  const std::pair<const std::vector<float>*, const std::vector<float>*> outs[] = {
+      {&a.dx, &b.dx}, {&a.dgamma, &b.dgamma}, {&a.dbeta, &b.dbeta}};
+  for (const auto& [u, v] : outs) {
+    EXPECT_EQ(u->size(), v->size());
+    for (size_t i = 0; i < u->size() && i < v->size(); ++i)
+      differ += std::memcmp(&(*u)[i], &(*v)[i], sizeof(float)) != 0;
+  }
+  EXPECT_EQ(tpnorm_test::sum_over_ranks(differ), 0) << "bits that differ between two calls";
+  gpu.reset();
+  cudaStreamDestroy(s);
+}
 
 // NCCL: a chunked forward captured in a CUDA graph (the side stream forks from the caller's
 // stream and joins it again inside the capture) and replayed: the CPU op's values.
