@@ -50,7 +50,8 @@ enum class Stats : int32_t {
   /// that is not finite or has |x| >= 2^64 give NaN statistics for that row. Payload per row:
   /// LayerNorm forward 15 int64 (120 bytes), RMSNorm forward 10, LayerNorm backward 11, RMSNorm
   /// backward 6; at most 2048 ranks and 2^32 values a row. On device communicators: the row
-  /// norms, fused and batched norms (the CPU's bits); GroupNorm and SyncBatchNorm CPU only.
+  /// norms, fused and batched norms, GroupNorm / InstanceNorm (the CPU's bits); SyncBatchNorm
+  /// CPU only.
   kExact = 2,
 };
 

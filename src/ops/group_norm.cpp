@@ -157,9 +157,9 @@ PayloadSize device_payload(const Grouping& grp, bool forward) {
 }
 #endif
 constexpr DeviceHooks<GroupForward> kForwardDevice =
-    TPNORM_DEVICE_HOOKS(forward_partial_device, forward_apply_device);
+    TPNORM_DEVICE_HOOKS_EXACT(forward_partial_device, forward_apply_device);
 constexpr DeviceHooks<GroupBackward> kBackwardDevice =
-    TPNORM_DEVICE_HOOKS(backward_partial_device, backward_apply_device);
+    TPNORM_DEVICE_HOOKS_EXACT(backward_partial_device, backward_apply_device);
 
 class GroupForwardOp final : public SpecOf<GroupForward> {
  public:

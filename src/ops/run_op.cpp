@@ -158,8 +158,8 @@ void StartedOp::start() {
   // for kMaxRanks.
   if (op_.stats() == Stats::kExact && on_device_ && !op_.has_device_exact())
     v.fail("stats", std::string("Stats::kExact has CPU kernels only so far for ") + op_.name() +
-                        " (the row norms, fused and batched norms have CUDA ones); use a host "
-                        "communicator or Stats::kRobust");
+                        " (the row norms, fused and batched norms, GroupNorm and InstanceNorm have "
+                        "CUDA ones); use a host communicator or Stats::kRobust");
   if (op_.stats() == Stats::kExact && comm_.size() > exact::kMaxRanks)
     v.fail("stats", "Stats::kExact supports at most " + std::to_string(exact::kMaxRanks) +
                         " ranks, the communicator has " + std::to_string(comm_.size()));

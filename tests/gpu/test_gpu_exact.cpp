@@ -7,14 +7,19 @@
 // 1e4 / 1e6 (where kRobust loses rstd bits and kExact does not), saved float64 statistics, a
 // row with inf/NaN (its statistics NaN on both). Plus: a call that fails after the strict
 // calls writes nothing, and the ops without CUDA exact kernels refuse kExact on the GPU.
+// GroupNorm / InstanceNorm (kernels/cuda/exact_groups.cu): GpuExactGroups.
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "exact_support.h"
 #include "gpu_checks.h"
+#include "group_reference.h"
+#include "harness.h"
+#include "tpnorm/batch_norm.h"
 #include "tpnorm/batched.h"
 #include "tpnorm/cuda.h"
 #include "tpnorm/error.h"
@@ -282,21 +287,114 @@ TEST(GpuExactErrors, FailedCallAfterStrictCallsWritesNothing) {
   cudaStreamDestroy(s);
 }
 
-// GroupNorm has no CUDA kExact kernels yet: the call fails with a message that says so.
+// GroupNorm / InstanceNorm (kernels/cuda/exact_groups.cu), forward and backward: bitwise the
+// CPU's kExact, and near the float64 reference. Odd spatial sizes, groups of one channel
+// (InstanceNorm), of all channels, saved float64 statistics, an offset of 1e4, half types, no
+// affine, a slot with inf/NaN (its statistics NaN on both; no reference then).
+struct GroupCase {
+  const char* name;
+  int64_t groups;  // 0: InstanceNorm
+  int64_t s;
+  DType dt = DType::F32, saved = DType::F32;
+  bool affine = true;
+  double offset = 0.0;
+  bool bad = false;
+};
+
+TEST(GpuExactGroups, BitwiseEqualToCpuAndNearReference) {
+  TPNORM_REQUIRE_GPU();
+  const GroupCase cases[] = {
+      {"g3_s37", 3, 37},
+      {"g2_s1000_f64saved_offset1e4", 2, 1000, DType::F32, DType::F64, true, 1e4},
+      {"g1_s129_bf16_plain", 1, 129, DType::BF16, DType::F32, false},
+      {"instance_s5_bad", 0, 5, DType::F32, DType::F32, true, 0.0, true},
+      {"g3_s300_fp16", 3, 300, DType::F16},
+      {"instance_s2049", 0, 2049},
+  };
+  for (const GroupCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t N = 3, C = 6, S = c.s, G = c.groups ? c.groups : C;
+    const DType dt = c.dt;
+    std::vector<float> x = rounded(dt, tpnorm_test::normal(31, 0, N * C * S, c.offset, 1.5));
+    if (c.bad) {
+      x[0] = std::numeric_limits<float>::infinity();
+      x[S + 1] = std::numeric_limits<float>::quiet_NaN();
+    }
+    Tensors t;
+    t.in("x", dt, x);
+    t.in("dy", dt, rounded(dt, tpnorm_test::normal(31, 1, N * C * S)));
+    t.in("gamma", dt, rounded(dt, tpnorm_test::normal(31, 2, C, 1.0, 0.5)));
+    t.in("beta", dt, rounded(dt, tpnorm_test::normal(31, 3, C)));
+    t.out("y", dt, N * C * S);
+    t.out("dx", dt, N * C * S);
+    t.out("mean", c.saved, N * G);
+    t.out("rstd", c.saved, N * G);
+    t.out("dgamma", dt, C);
+    t.out("dbeta", dt, C);
+    ChannelGroups cg;
+    cg.groups = c.groups;
+    cg.channels = C;
+    auto got = expect_gpu_equals_cpu(t, [&](Communicator& comm, const ViewOf& v) {
+      const Shape s{N, C, S}, p{C}, st{N * G};
+      const TensorView g = c.affine ? v("gamma", p) : TensorView{};
+      const TensorView b = c.affine ? v("beta", p) : TensorView{};
+      const NormOptions o = exact_opt();
+      if (c.groups == 0) {
+        instance_norm_forward(comm, v("x", s), cg, g, b, v("y", s), v("mean", st), v("rstd", st), o);
+        instance_norm_backward(comm, v("dy", s), v("x", s), cg, g, v("mean", st), v("rstd", st),
+                               v("dx", s), v("dgamma", p), v("dbeta", p), o);
+      } else {
+        group_norm_forward(comm, v("x", s), cg, g, b, v("y", s), v("mean", st), v("rstd", st), o);
+        group_norm_backward(comm, v("dy", s), v("x", s), cg, g, v("mean", st), v("rstd", st),
+                            v("dx", s), v("dgamma", p), v("dbeta", p), o);
+      }
+    });
+    if (c.bad) {  // the bad slots' statistics are NaN (on both: compared above)
+      EXPECT_TRUE(std::isnan(got.at("rstd").floats()[0]));
+      continue;
+    }
+    const auto& h = t.host;
+    const std::vector<float> no;
+    const auto ref = tpnorm_test::group_norm_reference(
+        x, N, C, S, G, c.affine ? h.at("gamma").floats() : no,
+        c.affine ? h.at("beta").floats() : no, 1e-5, h.at("dy").floats());
+    const double rt = tpnorm_test::storage_rtol(dt);
+    const double rs_max = *std::max_element(ref.rstd.begin(), ref.rstd.end());
+    const double count = static_cast<double>(N * (C / G) * S);
+    int64_t wrong = 0;
+    auto check = [&](const char* n, const std::vector<double>& want, double atol, double rtol) {
+      wrong += tpnorm_test::count_wrong(n, got.at(n).floats(), want, atol, rtol);
+    };
+    check("y", ref.y, rt, rt);
+    check("mean", ref.mean, 1e-6, 1e-6);
+    check("rstd", ref.rstd, 1e-6, 1e-6);
+    check("dx", ref.dx, rt * std::max(1.0, rs_max), 10 * rt);
+    if (c.affine) {
+      check("dgamma", ref.dgamma, rt * count, rt);
+      check("dbeta", ref.dbeta, rt * count, rt);
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
+// SyncBatchNorm has no CUDA kExact kernels yet: the call fails with a message that says so.
 TEST(GpuExactErrors, OpsWithoutCudaExactKernelsRefuse) {
   TPNORM_REQUIRE_GPU();
   cudaStream_t s = nullptr;
   TPNORM_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   {
     auto gpu = make_cuda_single_communicator(s, 0);
-    const Shape xs{2, 4, 3};
-    DevBuf x(Buffer(DType::F32, tpnorm_test::normal(29, 0, 24))), y(Buffer(DType::F32, 24));
-    ChannelGroups cg;
-    cg.groups = 2;
-    cg.channels = 4;
+    const Shape xs{2, 4, 3}, cs{4};
+    DevBuf x(Buffer(DType::F32, tpnorm_test::normal(29, 0, 24))), y(Buffer(DType::F32, 24)),
+        sm(Buffer(DType::F32, 4)), si(Buffer(DType::F32, 4)), rm(Buffer(DType::F32, 4)),
+        rv(Buffer(DType::F32, std::vector<float>(4, 1.0f)));
+    int64_t tracked = 0;
+    BatchNormOptions o;
+    o.stats = Stats::kExact;
     try {
-      group_norm_forward(*gpu, x.view(xs), cg, {}, {}, y.view(xs), {}, {}, exact_opt());
-      ADD_FAILURE() << "group_norm_forward accepted Stats::kExact on the GPU";
+      sync_batch_norm_forward(*gpu, x.view(xs), {}, {}, rm.view(cs), rv.view(cs), &tracked,
+                              y.view(xs), sm.view(cs), si.view(cs), o);
+      ADD_FAILURE() << "sync_batch_norm_forward accepted Stats::kExact on the GPU";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("Stats::kExact has CPU kernels only so far"),
                 std::string::npos)

@@ -1,7 +1,11 @@
 // group_norm_cuda.cpp — see group_norm_cuda.h.
 #include "ops/cuda/group_norm_cuda.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "common/dispatch.h"
+#include "kernels/cuda/exact_groups.h"
 #include "kernels/cuda/group_norm.h"
 #include "ops/cuda/device_call.h"
 
@@ -28,7 +32,8 @@ kcu::GroupArgs device_args(const kernels::cpu::GroupNormArgs& k, int64_t channel
 }  // namespace
 
 size_t group_scratch_cuda(const kernels::cpu::GroupNormArgs& k) {
-  return kcu::group_scratch_bytes(device_args(k, 0, false, nullptr));
+  const kcu::GroupArgs a = device_args(k, 0, false, nullptr);
+  return std::max(kcu::group_scratch_bytes(a), kcu::exact_group_scratch_bytes(a));
 }
 
 void group_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
@@ -38,6 +43,9 @@ void group_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
   const kcu::GroupArgs a = device_args(k, 0, false, dev.stream());
   dispatch_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
+    if (call.wire() == DType::I64)  // Stats::kExact (kernels/cuda/exact_groups.h)
+      return kcu::exact_group_partial_forward<T>(a, static_cast<const T*>(x.data),
+                                                 call.payload<int64_t>());
     kcu::group_partial_forward<T>(a, static_cast<const T*>(x.data), opt.stats == Stats::kRobust,
                                   call.wire() == DType::F64, call.payload_data(), call.scratch());
   });
@@ -53,6 +61,11 @@ void group_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev,
   const kcu::GroupArgs a = device_args(k, channels, saved == DType::F64, dev.stream());
   dispatch_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
+    if (call.wire() == DType::I64)
+      return kcu::exact_group_apply_forward<T>(
+          a, device_header(call, dev), count, opt.eps, static_cast<const T*>(x.data),
+          static_cast<const T*>(gamma.data), static_cast<const T*>(beta.data),
+          static_cast<T*>(y.data), mean.data, rstd.data, dev.error_word());
     kcu::group_apply_forward<T>(a, device_header(call, dev), count, opt.eps,
                                 static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
                                 static_cast<const T*>(beta.data), static_cast<T*>(y.data),
@@ -68,6 +81,11 @@ void group_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
   const kcu::GroupArgs a = device_args(k, 0, rstd.dtype == DType::F64, dev.stream());
   dispatch_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
+    if (call.wire() == DType::I64)
+      return kcu::exact_group_partial_backward<T>(
+          a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
+          static_cast<const T*>(gamma.data), mean.data, rstd.data, call.payload<int64_t>(),
+          static_cast<double*>(call.scratch()));
     kcu::group_partial_backward<T>(a, static_cast<const T*>(dy.data), static_cast<const T*>(x.data),
                                    static_cast<const T*>(gamma.data), mean.data, rstd.data,
                                    call.wire() == DType::F64, call.payload_data(), call.scratch());
@@ -83,6 +101,12 @@ void group_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev,
   const kcu::GroupArgs a = device_args(k, channels, rstd.dtype == DType::F64, dev.stream());
   dispatch_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
+    if (call.wire() == DType::I64)
+      return kcu::exact_group_apply_backward<T>(
+          a, device_header(call, dev), count, static_cast<const T*>(dy.data),
+          static_cast<const T*>(x.data), static_cast<const T*>(gamma.data), mean.data, rstd.data,
+          static_cast<T*>(dx.data), static_cast<T*>(dgamma.data), static_cast<T*>(dbeta.data),
+          static_cast<const double*>(call.scratch()), dev.error_word());
     kcu::group_apply_backward<T>(a, device_header(call, dev), count, static_cast<const T*>(dy.data),
                                  static_cast<const T*>(x.data), static_cast<const T*>(gamma.data),
                                  mean.data, rstd.data, static_cast<T*>(dx.data),

@@ -6,13 +6,16 @@
 // same shards over MPI: the GPU's result does not depend on the world size or the split, and
 // is the CPU's. Also: after the strict calls, a disagreeing call and a call that failed on one
 // rank are caught by the other ranks' apply kernels from the int64 header (nothing written,
-// cuda_check_errors reports). Skipped without a GPU.
+// cuda_check_errors reports). GroupNorm / InstanceNorm with the channels sharded: the same two
+// comparisons (GpuExactGroupRanks). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "exact_support.h"
 #include "gpu_checks.h"
+#include "group_reference.h"
+#include "tpnorm/group_norm.h"
 #include "tpnorm/cuda.h"
 #include "tpnorm/cuda_mpi.h"
 #include "tpnorm/error.h"
@@ -184,6 +187,115 @@ INSTANTIATE_TEST_SUITE_P(Nccl, GpuExactRanks,
                                             ::testing::Bool(), ::testing::Values(DType::F32),
                                             ::testing::Values(Kind::kNccl)),
                          name);
+
+// GroupNorm / InstanceNorm with the channels sharded unevenly (groups span ranks; at 3 ranks
+// one rank holds none): each rank bitwise equal to the GPU at world size 1 (its channels of y,
+// dx, dgamma, dbeta; all of mean, rstd) and to the CPU's kExact on the same shards over MPI.
+using GroupParam = std::tuple<int64_t, DType, Kind>;  // groups (0: InstanceNorm), dtype, comm
+class GpuExactGroupRanks : public ::testing::TestWithParam<GroupParam> {};
+
+TEST_P(GpuExactGroupRanks, BitwiseEqualToOneGpuAndToCpuShards) {
+  TPNORM_REQUIRE_GPU();
+  const auto [groups, dt, kind] = GetParam();
+  cudaStream_t s = nullptr;
+  std::string skip;
+  auto gpu = make_comm(kind, &s, &skip);
+  if (!gpu) GTEST_SKIP() << skip;
+  const int P = tpnorm_test::world_size(), me = tpnorm_test::world_rank();
+  const int64_t N = 3, C = 8, S = 77, G = groups ? groups : C;
+  std::vector<int> weights(P, 1);
+  if (P > 2) weights[1] = 0, weights[P - 1] = 3;
+  const auto sp = tpnorm_test::split_weighted(C, weights);
+  const int64_t c0 = sp.offset[me], cl = sp.count[me];
+  const std::vector<float> x = rounded(dt, tpnorm_test::normal(33, 0, N * C * S, 100.0, 1.5)),
+                           dy = rounded(dt, tpnorm_test::normal(33, 1, N * C * S)),
+                           gamma = rounded(dt, tpnorm_test::normal(33, 2, C, 1.0, 0.5)),
+                           beta = rounded(dt, tpnorm_test::normal(33, 3, C));
+  // The tensors of channels [k0, k0 + nc).
+  auto tensors = [&](int64_t k0, int64_t nc) {
+    Tensors t;
+    t.in("x", dt, tpnorm_test::channel_slice(x, N, C, S, k0, nc));
+    t.in("dy", dt, tpnorm_test::channel_slice(dy, N, C, S, k0, nc));
+    t.in("gamma", dt, std::vector<float>(gamma.begin() + k0, gamma.begin() + k0 + nc));
+    t.in("beta", dt, std::vector<float>(beta.begin() + k0, beta.begin() + k0 + nc));
+    t.out("y", dt, N * nc * S);
+    t.out("dx", dt, N * nc * S);
+    t.out("dgamma", dt, nc);
+    t.out("dbeta", dt, nc);
+    t.out("mean", DType::F32, N * G);
+    t.out("rstd", DType::F32, N * G);
+    return t;
+  };
+  auto calls = [&](Communicator& comm, const ViewOf& v, int64_t k0, int64_t nc) {
+    ChannelGroups cg;
+    cg.groups = groups;
+    cg.channels = C;
+    cg.channel_offset = k0;
+    const Shape sh{N, nc, S}, p{nc}, st{N * G};
+    const NormOptions o = exact_opt();
+    if (groups == 0) {
+      instance_norm_forward(comm, v("x", sh), cg, v("gamma", p), v("beta", p), v("y", sh),
+                            v("mean", st), v("rstd", st), o);
+      instance_norm_backward(comm, v("dy", sh), v("x", sh), cg, v("gamma", p), v("mean", st),
+                             v("rstd", st), v("dx", sh), v("dgamma", p), v("dbeta", p), o);
+    } else {
+      group_norm_forward(comm, v("x", sh), cg, v("gamma", p), v("beta", p), v("y", sh),
+                         v("mean", st), v("rstd", st), o);
+      group_norm_backward(comm, v("dy", sh), v("x", sh), cg, v("gamma", p), v("mean", st),
+                          v("rstd", st), v("dx", sh), v("dgamma", p), v("dbeta", p), o);
+    }
+  };
+  const Tensors mine = tensors(c0, cl);
+  const int dev = gpu->device().index;
+  const auto got = run_tensors(*gpu, mine, dev, [&](const ViewOf& v) { calls(*gpu, v, c0, cl); });
+  EXPECT_NO_THROW(cuda_check_errors(*gpu));
+  std::map<std::string, Buffer> one;
+  {
+    cudaStream_t s1 = nullptr;
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+    auto single = make_cuda_single_communicator(s1, dev);
+    one = run_tensors(*single, tensors(0, C), dev,
+                      [&](const ViewOf& v) { calls(*single, v, 0, C); });
+    single.reset();
+    cudaStreamDestroy(s1);
+  }
+  for (const char* n : {"y", "dx"}) {
+    Buffer& b = one.at(n);
+    b = Buffer(b.dtype(), tpnorm_test::channel_slice(b.floats(), N, C, S, c0, cl));
+  }
+  for (const char* n : {"dgamma", "dbeta"}) {
+    Buffer& b = one.at(n);
+    b = Buffer(b.dtype(), tpnorm_test::columns(b.floats(), 1, C, c0, cl));
+  }
+  std::string first_one, first_cpu;
+  const int64_t vs_one = count_bit_differences(got, one, &first_one);
+  auto cpu = make_mpi_communicator(MPI_COMM_WORLD);
+  const auto want = run_tensors(*cpu, mine, -1, [&](const ViewOf& v) { calls(*cpu, v, c0, cl); });
+  const int64_t vs_cpu = count_bit_differences(got, want, &first_cpu);
+  EXPECT_EQ(vs_one, 0) << "rank " << me << " vs one GPU rank, first: " << first_one;
+  EXPECT_EQ(vs_cpu, 0) << "rank " << me << " vs CPU, first: " << first_cpu;
+  EXPECT_EQ(tpnorm_test::sum_over_ranks(vs_one + vs_cpu), 0) << "differences, all ranks";
+  gpu.reset();
+  cudaStreamDestroy(s);
+}
+
+std::string group_name(const ::testing::TestParamInfo<GroupParam>& i) {
+  const int64_t g = std::get<0>(i.param);
+  return (g == 0 ? std::string("InstanceNorm") : "GroupNorm_g" + std::to_string(g)) + "_" +
+         dtype_name(std::get<1>(i.param)) +
+         (std::get<2>(i.param) == Kind::kNccl ? "_nccl" : "_staged");
+}
+
+INSTANTIATE_TEST_SUITE_P(Staged, GpuExactGroupRanks,
+                         ::testing::Combine(::testing::Values(int64_t{2}, int64_t{1}, int64_t{0}),
+                                            ::testing::Values(DType::F32, DType::BF16),
+                                            ::testing::Values(Kind::kStaged)),
+                         group_name);
+INSTANTIATE_TEST_SUITE_P(Nccl, GpuExactGroupRanks,
+                         ::testing::Combine(::testing::Values(int64_t{2}),
+                                            ::testing::Values(DType::F32),
+                                            ::testing::Values(Kind::kNccl)),
+                         group_name);
 
 // After the strict calls the summed int64 header is checked on device: a call whose eps differs
 // on the last rank, and a call whose gamma is wrong on rank 0, write nothing on any rank, and
