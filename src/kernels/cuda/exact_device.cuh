@@ -1,7 +1,8 @@
 // exact_device.cuh — device helpers of the Stats::kExact kernels (exact_rows.cu,
 // exact_groups.cu): the integer max over a row's threads (their int64 limbs are summed by
 // device_common.cuh's group_sum), the summed int64 header check, the op's payload in the
-// summed buffer, and one row's (or slot's) limbs written in the CPU's layout. Integer operations only: any order gives the same result.
+// summed buffer, and one row's (or slot's) limbs written in the CPU's layout. Integer
+// operations only: any order gives the same result.
 #pragma once
 
 #include <cstdint>
