@@ -20,8 +20,7 @@ constexpr int kFwdLimbs = 1 + exact::kLimbs1 + exact::kLimbs2;  // exact::moment
 constexpr int kBwdLimbs = 1 + 2 * exact::kLimbs1;               // exact::moment_limbs(false)
 
 // exact_groups.cpp local_channels: this rank's local channels [lo, hi) of group g.
-__device__ __forceinline__ void local_run(const GroupArgs& a, int64_t g, int64_t& lo,
-                                          int64_t& hi) {
+__device__ __forceinline__ void local_run(const GroupArgs& a, int64_t g, int64_t& lo, int64_t& hi) {
   lo = max(g * a.cpg - a.c0, int64_t{0});
   hi = min((g + 1) * a.cpg - a.c0, a.c_local);
 }
@@ -72,6 +71,36 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The exact sums of two terms over elements [0, m) shared by the block's threads (every thread
+// must call: block barriers), in two passes (each term's largest exponent, then the sums): l =
+// {bad terms, limbs of sum first, limbs of sum second}, added over the block with int64 adds
+// (exact and order-free), the same in every thread. terms(i, first, second) forms element i's.
+template <class Terms>
+__device__ __forceinline__ void block_exact_pair(int64_t m, Terms terms, int64_t (&l)[kBwdLimbs]) {
+  int e1 = 0, e2 = 0;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+    float t1, t2;
+    terms(i, t1, t2);
+    e1 = max(e1, exact_good_exponent(bits_of(t1)));
+    e2 = max(e2, exact_good_exponent(bits_of(t2)));
+  }
+  e1 = group_max(e1, blockDim.x);
+  e2 = group_max(e2, blockDim.x);
+  ExactAcc<false> a1(e1), a2(e2);
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+    float t1, t2;
+    terms(i, t1, t2);
+    a1.add(bits_of(t1));
+    a2.add(bits_of(t2));
+  }
+  a1.flush();
+  a2.flush();
+  l[0] = a1.bad + a2.bad;
+  exact::pack(a1.s1, l + 1, exact::kLimbs1);
+  exact::pack(a2.s1, l + 1 + exact::kLimbs1, exact::kLimbs1);
+  group_sum(l, blockDim.x);
+}
+
 // group_exact_partial_backward, slots: g = gamma[c] * dy and g * xhat over the slot's run.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
@@ -92,29 +121,8 @@ __global__ void __launch_bounds__(kThreads)
       g = __fmul_rn(gm, to_f(dy[base + i]));
       gx = __fmul_rn(g, xhat_of(to_f(x[base + i]), mh, mt, rs));
     };
-    int eg = 0, ex = 0;
-    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
-      float g, gx;
-      terms(i, g, gx);
-      eg = max(eg, exact_good_exponent(bits_of(g)));
-      ex = max(ex, exact_good_exponent(bits_of(gx)));
-    }
-    eg = group_max(eg, blockDim.x);
-    ex = group_max(ex, blockDim.x);
-    ExactAcc<false> ag(eg), ax(ex);
-    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
-      float g, gx;
-      terms(i, g, gx);
-      ag.add(bits_of(g));
-      ax.add(bits_of(gx));
-    }
-    ag.flush();
-    ax.flush();
     int64_t l[kBwdLimbs];
-    l[0] = ag.bad + ax.bad;
-    exact::pack(ag.s1, l + 1, exact::kLimbs1);
-    exact::pack(ax.s1, l + 1 + exact::kLimbs1, exact::kLimbs1);
-    group_sum(l, blockDim.x);  // int64 adds: exact and order-free
+    block_exact_pair(m, terms, l);
     if (threadIdx.x == 0) write_row_limbs<exact::kLimbs1>(l, out + s * kBwdLimbs, kBwdLimbs);
   }
 }
@@ -137,29 +145,8 @@ __global__ void __launch_bounds__(kThreads)
       d = to_f(dy[o]);
       dx = __fmul_rn(d, xhat_of(to_f(x[o]), mh, mt, rs));
     };
-    int e1 = 0, e2 = 0;
-    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
-      float dx, d;
-      terms(i, dx, d);
-      e1 = max(e1, exact_good_exponent(bits_of(dx)));
-      e2 = max(e2, exact_good_exponent(bits_of(d)));
-    }
-    e1 = group_max(e1, blockDim.x);
-    e2 = group_max(e2, blockDim.x);
-    ExactAcc<false> sdx(e1), sd(e2);
-    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
-      float dx, d;
-      terms(i, dx, d);
-      sdx.add(bits_of(dx));
-      sd.add(bits_of(d));
-    }
-    sdx.flush();
-    sd.flush();
     int64_t l[kBwdLimbs];
-    l[0] = sdx.bad + sd.bad;
-    exact::pack(sdx.s1, l + 1, exact::kLimbs1);
-    exact::pack(sd.s1, l + 1 + exact::kLimbs1, exact::kLimbs1);
-    group_sum(l, blockDim.x);  // int64 adds: exact and order-free
+    block_exact_pair(m, terms, l);
     if (threadIdx.x == 0) {
       const double nan = __longlong_as_double(0x7ff8000000000000LL);
       const exact::Sum1 t1 = exact::unpack<4>(l + 1, exact::kLimbs1);
@@ -175,9 +162,8 @@ __global__ void __launch_bounds__(kThreads)
 // exact_group_finish (+ group_apply_forward's per-slot loop): a thread per slot; the slot's
 // two doubles overwrite the start of its limbs: forward {mean, rstd = 1 / sqrt(var + eps)}
 // (and the saved mean / rstd), backward {sum g / count, sum g*xhat / count}.
-__global__ void __launch_bounds__(128)
-    finish(GroupArgs a, Header hd, bool forward, double count, double eps, void* mean, void* rstd,
-           int* err) {
+__global__ void __launch_bounds__(128) finish(GroupArgs a, Header hd, bool forward, double count,
+                                              double eps, void* mean, void* rstd, int* err) {
   if (!exact_group_ok(a, hd)) return mark_failed(err);
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= a.n * a.groups) return;
@@ -189,8 +175,9 @@ __global__ void __launch_bounds__(128)
   } else if (n != 0) {
     const exact::Sum1 s1 = exact::unpack<4>(in + 1, exact::kLimbs1);
     st[0] = exact::mean(s1, n);
-    st[1] = forward ? exact::variance(s1, exact::unpack<8>(in + 1 + exact::kLimbs1, exact::kLimbs2), n)
-                    : exact::mean(exact::unpack<4>(in + 1 + exact::kLimbs1, exact::kLimbs1), n);
+    st[1] = forward
+                ? exact::variance(s1, exact::unpack<8>(in + 1 + exact::kLimbs1, exact::kLimbs2), n)
+                : exact::mean(exact::unpack<4>(in + 1 + exact::kLimbs1, exact::kLimbs1), n);
   }
   if (forward) {
     st[1] = __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(st[1], eps)));
@@ -229,8 +216,8 @@ __global__ void __launch_bounds__(kThreads)
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     apply_bwd(GroupArgs a, Header hd, const T* __restrict__ dy, const T* __restrict__ x,
-              const T* __restrict__ gamma, const void* mean, const void* rstd,
-              T* __restrict__ dx, int* err) {
+              const T* __restrict__ gamma, const void* mean, const void* rstd, T* __restrict__ dx,
+              int* err) {
   if (!exact_group_ok(a, hd)) return mark_failed(err);
   for (int64_t r = blockIdx.x; r < a.n * a.c_local; r += gridDim.x) {
     const int64_t c = r % a.c_local, k = slot_of_plane(a, r);
@@ -302,8 +289,8 @@ template <class T>
 void exact_group_apply_forward(const GroupArgs& a, const Header& hd, double count, double eps,
                                const T* x, const T* gamma, const T* beta, T* y, void* mean,
                                void* rstd, int* err) {
-  launch("exact group finish", finish, threads_for(a.n * a.groups, 128), dim3(128), st(a.stream),
-         a, hd, true, count, eps, mean, rstd, err);
+  launch("exact group finish", finish, threads_for(a.n * a.groups, 128), dim3(128), st(a.stream), a,
+         hd, true, count, eps, mean, rstd, err);
   if (a.n * a.c_local * a.spatial <= 0) return;
   launch("exact group apply_fwd", apply_fwd<D<T>>, grid_for(a.n * a.c_local), dim3(kThreads),
          st(a.stream), a, hd, dv(x), dv(gamma), dv(beta), dv(y), err);
@@ -315,8 +302,8 @@ void exact_group_partial_backward(const GroupArgs& a, const T* dy, const T* x, c
                                   double* dparams) {
   const int64_t slots = a.n * a.groups;
   if (slots > 0)
-    launch("exact group part_bwd", part_bwd<D<T>>, grid_for(slots), dim3(kThreads), st(a.stream),
-           a, dv(dy), dv(x), dv(gamma), mean, rstd, limbs);
+    launch("exact group part_bwd", part_bwd<D<T>>, grid_for(slots), dim3(kThreads), st(a.stream), a,
+           dv(dy), dv(x), dv(gamma), mean, rstd, limbs);
   if (a.c_local > 0)
     launch("exact group channel_sums", channel_sums<D<T>>, grid_for(a.c_local), dim3(kThreads),
            st(a.stream), a, dv(dy), dv(x), mean, rstd, dparams);
@@ -326,8 +313,8 @@ template <class T>
 void exact_group_apply_backward(const GroupArgs& a, const Header& hd, double count, const T* dy,
                                 const T* x, const T* gamma, const void* mean, const void* rstd,
                                 T* dx, T* dgamma, T* dbeta, const double* dparams, int* err) {
-  launch("exact group finish", finish, threads_for(a.n * a.groups, 128), dim3(128), st(a.stream),
-         a, hd, false, count, 0.0, static_cast<void*>(nullptr), static_cast<void*>(nullptr), err);
+  launch("exact group finish", finish, threads_for(a.n * a.groups, 128), dim3(128), st(a.stream), a,
+         hd, false, count, 0.0, static_cast<void*>(nullptr), static_cast<void*>(nullptr), err);
   if (a.n * a.c_local * a.spatial > 0)
     launch("exact group apply_bwd", apply_bwd<D<T>>, grid_for(a.n * a.c_local), dim3(kThreads),
            st(a.stream), a, hd, dv(dy), dv(x), dv(gamma), mean, rstd, dv(dx), err);
@@ -336,15 +323,15 @@ void exact_group_apply_backward(const GroupArgs& a, const Header& hd, double cou
            dim3(kThreads), st(a.stream), a, hd, dparams, dv(dgamma), dv(dbeta), err);
 }
 
-#define TPNORM_CUDA_EXACT_GROUP_INSTANTIATE(T)                                                    \
-  template void exact_group_partial_forward<T>(const GroupArgs&, const T*, int64_t*);             \
-  template void exact_group_apply_forward<T>(const GroupArgs&, const Header&, double, double,     \
-                                             const T*, const T*, const T*, T*, void*, void*,      \
-                                             int*);                                               \
-  template void exact_group_partial_backward<T>(const GroupArgs&, const T*, const T*, const T*,   \
-                                                const void*, const void*, int64_t*, double*);     \
-  template void exact_group_apply_backward<T>(const GroupArgs&, const Header&, double, const T*,  \
-                                              const T*, const T*, const void*, const void*, T*,   \
+#define TPNORM_CUDA_EXACT_GROUP_INSTANTIATE(T)                                                   \
+  template void exact_group_partial_forward<T>(const GroupArgs&, const T*, int64_t*);            \
+  template void exact_group_apply_forward<T>(const GroupArgs&, const Header&, double, double,    \
+                                             const T*, const T*, const T*, T*, void*, void*,     \
+                                             int*);                                              \
+  template void exact_group_partial_backward<T>(const GroupArgs&, const T*, const T*, const T*,  \
+                                                const void*, const void*, int64_t*, double*);    \
+  template void exact_group_apply_backward<T>(const GroupArgs&, const Header&, double, const T*, \
+                                              const T*, const T*, const void*, const void*, T*,  \
                                               T*, T*, const double*, int*);
 TPNORM_CUDA_EXACT_GROUP_INSTANTIATE(float)
 TPNORM_CUDA_EXACT_GROUP_INSTANTIATE(f16)
