@@ -28,9 +28,9 @@ namespace {
 namespace kc = kernels::cpu;
 
 constexpr DeviceHooks<BnForward> kForwardDevice =
-    TPNORM_DEVICE_HOOKS(bn_forward_partial_cuda, bn_forward_apply_cuda);
+    TPNORM_DEVICE_HOOKS_EXACT(bn_forward_partial_cuda, bn_forward_apply_cuda);
 constexpr DeviceHooks<BnBackward> kBackwardDevice =
-    TPNORM_DEVICE_HOOKS(bn_backward_partial_cuda, bn_backward_apply_cuda);
+    TPNORM_DEVICE_HOOKS_EXACT(bn_backward_partial_cuda, bn_backward_apply_cuda);
 
 // x: [N, C, *spatial] or [N, *spatial, C] of a storage dtype.
 void check_x(Validator& v, const TensorView& x) {

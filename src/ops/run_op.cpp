@@ -154,12 +154,11 @@ void StartedOp::start() {
       v.fail("comm", "is a device communicator; this op has CPU kernels only so far");
   }
   on_device_ = dev_ && op_.has_device_kernels();
-  // Stats::kExact: device kernels for some ops only so far, and int64 limbs with headroom
-  // for kMaxRanks.
+  // Stats::kExact: device kernels where the spec's hooks declare them (every op with device
+  // hooks today), and int64 limbs with headroom for kMaxRanks.
   if (op_.stats() == Stats::kExact && on_device_ && !op_.has_device_exact())
     v.fail("stats", std::string("Stats::kExact has CPU kernels only so far for ") + op_.name() +
-                        " (the row norms, fused and batched norms, GroupNorm and InstanceNorm have "
-                        "CUDA ones); use a host communicator or Stats::kRobust");
+                        "; use a host communicator or Stats::kRobust");
   if (op_.stats() == Stats::kExact && comm_.size() > exact::kMaxRanks)
     v.fail("stats", "Stats::kExact supports at most " + std::to_string(exact::kMaxRanks) +
                         " ranks, the communicator has " + std::to_string(comm_.size()));

@@ -6,8 +6,8 @@
 // widths (scalar path) and shifted buffers, more rows than one dgamma block (256), offsets
 // 1e4 / 1e6 (where kRobust loses rstd bits and kExact does not), saved float64 statistics, a
 // row with inf/NaN (its statistics NaN on both). Plus: a call that fails after the strict
-// calls writes nothing, and the ops without CUDA exact kernels refuse kExact on the GPU.
-// GroupNorm / InstanceNorm (kernels/cuda/exact_groups.cu): GpuExactGroups.
+// calls writes nothing. GroupNorm / InstanceNorm (kernels/cuda/exact_groups.cu):
+// GpuExactGroups; SyncBatchNorm: test_gpu_exact_bn.cpp.
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -19,7 +19,6 @@
 #include "gpu_checks.h"
 #include "group_reference.h"
 #include "harness.h"
-#include "tpnorm/batch_norm.h"
 #include "tpnorm/batched.h"
 #include "tpnorm/cuda.h"
 #include "tpnorm/error.h"
@@ -375,33 +374,6 @@ TEST(GpuExactGroups, BitwiseEqualToCpuAndNearReference) {
     }
     EXPECT_EQ(wrong, 0);
   }
-}
-
-// SyncBatchNorm has no CUDA kExact kernels yet: the call fails with a message that says so.
-TEST(GpuExactErrors, OpsWithoutCudaExactKernelsRefuse) {
-  TPNORM_REQUIRE_GPU();
-  cudaStream_t s = nullptr;
-  TPNORM_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  {
-    auto gpu = make_cuda_single_communicator(s, 0);
-    const Shape xs{2, 4, 3}, cs{4};
-    DevBuf x(Buffer(DType::F32, tpnorm_test::normal(29, 0, 24))), y(Buffer(DType::F32, 24)),
-        sm(Buffer(DType::F32, 4)), si(Buffer(DType::F32, 4)), rm(Buffer(DType::F32, 4)),
-        rv(Buffer(DType::F32, std::vector<float>(4, 1.0f)));
-    int64_t tracked = 0;
-    BatchNormOptions o;
-    o.stats = Stats::kExact;
-    try {
-      sync_batch_norm_forward(*gpu, x.view(xs), {}, {}, rm.view(cs), rv.view(cs), &tracked,
-                              y.view(xs), sm.view(cs), si.view(cs), o);
-      ADD_FAILURE() << "sync_batch_norm_forward accepted Stats::kExact on the GPU";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("Stats::kExact has CPU kernels only so far"),
-                std::string::npos)
-          << e.what();
-    }
-  }
-  cudaStreamDestroy(s);
 }
 
 }  // namespace

@@ -5,10 +5,13 @@
 // num_batches_tracked (a host counter) is incremented when the call is enqueued.
 #include "ops/cuda/batch_norm_cuda.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "common/dispatch.h"
 #include "kernels/cuda/batch_norm.h"
+#include "kernels/cuda/exact_channels.h"
 #include "ops/cuda/device_call.h"
 
 namespace tpnorm::detail {
@@ -36,7 +39,8 @@ void* scratch(PackedCall& call, DeviceCommunicator& dev, const kernels::cpu::Bat
 }  // namespace
 
 size_t bn_scratch_cuda(const kernels::cpu::BatchNormArgs& a) {
-  return kcu::bn_scratch_bytes(bn_args(a, nullptr));
+  const kcu::BnArgs b = bn_args(a, nullptr);
+  return std::max(kcu::bn_scratch_bytes(b), kcu::exact_bn_scratch_bytes(b));
 }
 
 void bn_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const BnForward& f) {
@@ -45,6 +49,9 @@ void bn_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const Bn
   const kcu::BnArgs b = bn_args(f.a, dev.stream());
   dispatch_storage(f.x.dtype, [&](auto t) {
     using T = decltype(t);
+    if (f.opt.stats == Stats::kExact)  // kernels/cuda/exact_channels.h
+      return kcu::exact_bn_partial_forward<T>(b, static_cast<const T*>(f.x.data),
+                                              call.payload<int64_t>(), call.scratch());
     kcu::bn_partial_forward<T>(b, static_cast<const T*>(f.x.data), f.opt.stats == Stats::kRobust,
                                call.wire() == DType::F64, call.payload_data(), call.scratch());
   });
@@ -69,6 +76,10 @@ void bn_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnFo
   st.invstd64 = f.save_invstd.dtype == DType::F64;
   dispatch_storage(f.x.dtype, [&](auto t) {
     using T = decltype(t);
+    if (f.opt.stats == Stats::kExact)
+      return kcu::exact_bn_apply_forward<T>(
+          b, st, static_cast<const T*>(f.gamma.data), static_cast<const T*>(f.beta.data),
+          static_cast<const T*>(f.x.data), static_cast<T*>(f.y.data), s, dev.error_word());
     kcu::bn_forward_stats<T>(b, st, static_cast<const T*>(f.gamma.data),
                              static_cast<const T*>(f.beta.data), s, dev.error_word());
     kcu::bn_apply_forward<T>(b, st.hd, static_cast<const T*>(f.x.data), static_cast<T*>(f.y.data),
@@ -88,6 +99,10 @@ void bn_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const B
   void* s = scratch(call, dev, b.a, training);
   dispatch_storage(b.x.dtype, [&](auto t) {
     using T = decltype(t);
+    if (b.opt.stats == Stats::kExact)
+      return kcu::exact_bn_partial_backward<T>(
+          k, static_cast<const T*>(b.dy.data), static_cast<const T*>(b.x.data), b.save_mean.data,
+          b.save_mean.dtype == DType::F64, static_cast<int64_t*>(pay), s);
     kcu::bn_partial_backward<T>(k, static_cast<const T*>(b.dy.data),
                                 static_cast<const T*>(b.x.data), b.save_mean.data,
                                 b.save_mean.dtype == DType::F64, call.wire() == DType::F64, pay, s);
@@ -103,6 +118,12 @@ void bn_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnB
   void* s = scratch(call, dev, b.a, training);
   dispatch_storage(b.x.dtype, [&](auto t) {
     using T = decltype(t);
+    if (b.opt.stats == Stats::kExact)
+      return kcu::exact_bn_apply_backward<T>(
+          k, hd, static_cast<const T*>(b.dy.data), static_cast<const T*>(b.x.data),
+          static_cast<const T*>(b.gamma.data), b.save_mean.data, b.save_invstd.data,
+          b.save_mean.dtype == DType::F64, static_cast<T*>(b.dx.data),
+          static_cast<T*>(b.dgamma.data), static_cast<T*>(b.dbeta.data), s, dev.error_word());
     kcu::bn_apply_backward<T>(k, hd, static_cast<const T*>(b.dy.data),
                               static_cast<const T*>(b.x.data), static_cast<const T*>(b.gamma.data),
                               b.save_mean.data, b.save_invstd.data, b.save_mean.dtype == DType::F64,
