@@ -49,9 +49,8 @@ enum class Stats : int32_t {
   /// statistics, dx, dgamma, dbeta), and an exact variance at any offset. Inputs with a value
   /// that is not finite or has |x| >= 2^64 give NaN statistics for that row. Payload per row:
   /// LayerNorm forward 15 int64 (120 bytes), RMSNorm forward 10, LayerNorm backward 11, RMSNorm
-  /// backward 6; at most 2048 ranks and 2^32 values a row. On device communicators: the row
-  /// norms, fused and batched norms, GroupNorm / InstanceNorm (the CPU's bits); SyncBatchNorm
-  /// CPU only.
+  /// backward 6; at most 2048 ranks and 2^32 values a row. On device communicators too, for
+  /// every op (the CPU's bits).
   kExact = 2,
 };
 

@@ -1,7 +1,8 @@
 // batch_norm_cuda.h — the device hooks of the SyncBatchNorm specs (ops/batch_norm.cpp):
 // training = partial kernels -> (run_op's ONE collective, PackedCall::reduce) -> per-channel
 // constants, saved and running statistics -> apply; eval with running statistics makes no
-// collective. Everything on the communicator's stream.
+// collective. Everything on the communicator's stream. Stats::kExact calls go to
+// kernels/cuda/exact_channels.h (the CPU's limbs and bits) in each of the four hooks.
 #pragma once
 
 #include <cstddef>
