@@ -1,10 +1,14 @@
 // micro_batch_norm.cpp — SyncBatchNorm (training, running statistics on), forward and backward,
 // at [32, 64, 56, 56] NCHW and channels-last, through the public ops on a single-process
 // communicator; and both statistics modes against each other (micro.h, add_mode_pair).
-// Bytes moved: the forward reads x for the channel sums and again for the apply (after the
+// Bytes moved: channels-last reads x for the channel sums and again for the apply (after the
 // collective) and writes y, 3 tensors against the minimum 2; the backward reads x and dy twice
 // and writes dx, 5 against 3 (unless the second read finds them in the cache: x is 25.7 MB here,
-// the L3 32 MiB).
+// the L3 32 MiB). NCHW on this single-process communicator takes the one-rank fused path when a
+// channel's planes fit in the core's L2 (401 KB of x, 803 KB of x and dy here; the library's
+// rule, kernels/cpu/batch_norm.h bn_fuses, restated below from the same sysfs file): the apply
+// re-reads them from L2, so it moves the minimum; otherwise 3 and 5 tensors as channels-last.
+#include <cstdio>
 #include <memory>
 #include <vector>
 
@@ -57,6 +61,17 @@ void backward(Buffers& b, int t, tpnorm::Stats stats) {
                                    view(b.dgamma.data(), cs), view(b.dbeta.data(), cs), b.opt);
 }
 
+// The per-core L2 (sysfs, else 1 MiB), as the library reads it.
+int64_t l2_bytes() {
+  long v = 0;
+  char unit = 0;
+  if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r")) {
+    if (std::fscanf(f, "%ld%c", &v, &unit) < 1) v = 0;
+    std::fclose(f);
+  }
+  return v > 0 ? v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1) : int64_t{1} << 20;
+}
+
 // kRobust rows for the main table; with `modes` also the op in both modes (the exact-vs-robust
 // table).
 void add_batch_norm(tpnorm::Layout layout) {
@@ -68,14 +83,17 @@ void add_batch_norm(tpnorm::Layout layout) {
   for (bool bwd : {false, true}) {
     const char* pass = bwd ? "backward" : "forward";
     const auto run = bwd ? backward : forward;
-    // Moved: the channel sums read x (and dy), the apply after the collective reads them again.
+    // Moved: the channel sums read x (and dy), the apply after the collective reads them again
+    // from memory, unless the fused path re-reads a channel from L2.
+    const int64_t channel_bytes = n * hw * hw * static_cast<int64_t>(sizeof(float)) * (bwd ? 2 : 1);
+    const bool fused = nchw && channel_bytes <= l2_bytes();
     tpnorm_perf::add_op(
         "SyncBN", pass, shape, (bwd ? 3 : 2) * bytes,
         [=]() -> tpnorm_perf::Call {
           auto b = std::make_shared<Buffers>(xs, c, layout);
           return [b, run](int t) { run(*b, t, tpnorm::Stats::kRobust); };
         },
-        (bwd ? 5 : 3) * bytes);
+        (fused ? (bwd ? 3 : 2) : (bwd ? 5 : 3)) * bytes);
     tpnorm_perf::add_mode_pair("SyncBN", pass, shape, (bwd ? 3 : 2) * bytes,
                                [=]() -> tpnorm_perf::ModePair {
                                  auto b = std::make_shared<Buffers>(xs, c, layout);

@@ -122,6 +122,8 @@ class BnForwardOp final : public SpecOf<BnForward> {
 
   void partial(PackedCall& call) override {
     if (!f_.batch_stats) return;
+    fused_ = f_.fuses();
+    if (fused_) return;  // the apply computes the statistics (the payload stays zero)
     dispatch_forward_partial(
         f_.x, call.wire(), call.payload_data(),
         [&](const auto* x, int64_t* limbs) { kc::bn_exact_partial_forward(f_.a, x, limbs); },
@@ -137,6 +139,7 @@ class BnForwardOp final : public SpecOf<BnForward> {
         throw Error(ErrorCode::kInvalidArgument,
                     std::string("tpnorm: ") + name() + ": expected more than 1 value per channel " +
                         "over all ranks, got " + std::to_string(static_cast<int64_t>(n)));
+      if (fused_) return fused_apply(call, n);
       if (call.wire() == DType::I64)
         kc::bn_exact_moments(c, call.payload<int64_t>(), n, mean.data(), var.data());
       else
@@ -164,6 +167,28 @@ class BnForwardOp final : public SpecOf<BnForward> {
   }
 
  private:
+  // One rank: statistics and outputs channel by channel (the same bits as the partial + reduce +
+  // apply above), then the running and saved statistics as there.
+  void fused_apply(PackedCall& call, double n) {
+    const int64_t c = f_.a.c;
+    std::vector<double> mean(c), var(c), invstd(c);
+    dispatch_storage(f_.x.dtype, [&](auto t) {
+      using T = decltype(t);
+      dispatch_params<T>(f_.param, [&](auto p) {
+        using P = decltype(p);
+        dispatch_acc(call.wire(), [&](auto w) {
+          kc::bn_fused_forward<T, P, decltype(w)>(
+              f_.a, static_cast<const T*>(f_.x.data), static_cast<const P*>(f_.gamma.data),
+              static_cast<const P*>(f_.beta.data), f_.opt.eps, n, mean.data(), var.data(),
+              invstd.data(), static_cast<T*>(f_.y.data));
+        });
+      });
+    });
+    if (f_.opt.training && f_.tracking) update_running(mean, var, n);
+    store_stat(f_.save_mean, mean);
+    store_stat(f_.save_invstd, invstd);
+  }
+
   void update_running(const std::vector<double>& mean, const std::vector<double>& var, double n) {
     const int64_t tracked = f_.num_batches_tracked ? *f_.num_batches_tracked + 1 : 0;
     const double m = f_.cumulative ? 1.0 / static_cast<double>(tracked) : f_.opt.momentum;
@@ -179,6 +204,7 @@ class BnForwardOp final : public SpecOf<BnForward> {
   }
 
   const BnForward& f_ = args_;
+  bool fused_ = false;
 };
 
 class BnBackwardOp final : public SpecOf<BnBackward> {
@@ -216,6 +242,8 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
   void partial(PackedCall& call) override {
     local_.assign(static_cast<size_t>(2 * b_.a.c), 0.0);
     if (call.wire() == DType::I64) return exact_partial(call);
+    fused_ = b_.fuses();
+    if (fused_) return;  // the apply computes the sums (the payload stays zero)
     dispatch(call, [&](auto t, auto w, auto s) {
       using T = decltype(t);
       using W = decltype(w);
@@ -233,7 +261,9 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
     if (b_.opt.training) {
       n = call.global_count();
       check_naive_count(b_.opt.stats, n, name(), "channel");
-    } else {
+    }
+    if (fused_) return fused_apply(call, n);
+    if (!b_.opt.training) {
       // Eval: mean and invstd are constants, so dx = gamma*invstd*dy (zero global sums).
       dispatch(call, [&](auto, auto w, auto) {
         std::fill_n(call.payload<decltype(w)>(), 2 * b_.a.c, decltype(w)(0));
@@ -259,6 +289,26 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
   template <class Fn>
   void dispatch(PackedCall& call, Fn&& fn) {
     dispatch_kernel_types(b_.x.dtype, call.wire(), b_.save_mean.dtype, fn);
+  }
+
+  // One rank: this rank's sums and dx channel by channel (the same bits as the partial + apply),
+  // the sums written to the (otherwise unused) payload and kept for dgamma / dbeta.
+  void fused_apply(PackedCall& call, double n) {
+    dispatch(call, [&](auto t, auto w, auto s) {
+      using T = decltype(t);
+      using W = decltype(w);
+      using S = decltype(s);
+      dispatch_params<T>(b_.param, [&](auto p) {
+        using P = decltype(p);
+        W* sums = call.payload<W>();
+        kc::bn_fused_backward<T, P, W, S>(
+            b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
+            static_cast<const P*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
+            static_cast<const S*>(b_.save_invstd.data), n, sums, static_cast<T*>(b_.dx.data));
+        for (size_t i = 0; i < local_.size(); ++i) local_[i] = sums[i];
+        param_grads<P, S>();
+      });
+    });
   }
 
   // Stats::kExact: the limbs of the exact sums; this rank's rounded once for dgamma / dbeta.
@@ -309,6 +359,7 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
 
   const BnBackward& b_ = args_;
   std::vector<double> local_;
+  bool fused_ = false;
 };
 
 }  // namespace
@@ -319,9 +370,10 @@ PendingCall sync_batch_norm_forward_start(
     const TensorView& running_mean, const TensorView& running_var, int64_t* num_batches_tracked,
     const TensorView& y, const TensorView& save_mean, const TensorView& save_invstd,
     const BatchNormOptions& opt) {
-  return detail::start_op(comm, std::make_unique<detail::BnForwardOp>(detail::BnForward{
-                                    x, gamma, beta, running_mean, running_var, num_batches_tracked,
-                                    y, save_mean, save_invstd, opt}));
+  detail::BnForward f{x, gamma,     beta,        running_mean, running_var, num_batches_tracked,
+                      y, save_mean, save_invstd, opt};
+  f.one_rank = comm.size() == 1;
+  return detail::start_op(comm, std::make_unique<detail::BnForwardOp>(f));
 }
 
 void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
@@ -340,8 +392,9 @@ PendingCall sync_batch_norm_backward_start(Communicator& comm, const TensorView&
                                            const TensorView& save_invstd, const TensorView& dx,
                                            const TensorView& dgamma, const TensorView& dbeta,
                                            const BatchNormOptions& opt) {
-  return detail::start_op(comm, std::make_unique<detail::BnBackwardOp>(detail::BnBackward{
-                                    dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta, opt}));
+  detail::BnBackward b{dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta, opt};
+  b.one_rank = comm.size() == 1;
+  return detail::start_op(comm, std::make_unique<detail::BnBackwardOp>(b));
 }
 
 void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,

@@ -39,6 +39,15 @@ struct BnForward {
   /// momentum NaN: the running statistics are a cumulative average.
   bool cumulative = std::isnan(opt.momentum);
   DType param = param_dtype(x, {&gamma, &beta});  ///< gamma's and beta's dtype
+  /// The communicator has one rank: the reduce is the identity (see fuses()).
+  bool one_rank = false;
+  /// Whether the host path computes the statistics in the apply, channel by channel while a
+  /// channel's planes are in cache (kernels/cpu/batch_norm.h bn_fuses), the partial doing
+  /// nothing. Decided once, by the partial (valid arguments), and kept for the apply.
+  bool fuses() const {
+    return one_rank && batch_stats && opt.stats != Stats::kExact &&
+           kernels::cpu::bn_fuses(a, static_cast<int64_t>(dtype_size(x.dtype)));
+  }
 };
 
 struct BnBackward {
@@ -46,6 +55,12 @@ struct BnBackward {
   BatchNormOptions opt;
   kernels::cpu::BatchNormArgs a = bn_geometry(x, opt);
   DType param = param_dtype(x, {&gamma, &dgamma, &dbeta});  ///< gamma's, dgamma's, dbeta's
+  bool one_rank = false;                                    ///< as BnForward's
+  /// As BnForward::fuses: the apply computes this rank's sums itself (x and dy re-read).
+  bool fuses() const {
+    return one_rank && opt.stats != Stats::kExact &&
+           kernels::cpu::bn_fuses(a, 2 * static_cast<int64_t>(dtype_size(x.dtype)));
+  }
 };
 
 }  // namespace tpnorm::detail

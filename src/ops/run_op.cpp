@@ -54,22 +54,6 @@ const char* traced(const Communicator& comm, const OpSpec& op) {
   return comm.device().kind != DeviceKind::CPU ? op.name() : nullptr;
 }
 
-// The per-core L2 in bytes (sysfs; 1 MiB when unknown).
-int64_t l2_bytes() {
-  static const int64_t bytes = [] {
-    int64_t b = 0;
-    if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r")) {
-      long v = 0;
-      char unit = 0;
-      if (std::fscanf(f, "%ld%c", &v, &unit) >= 1)
-        b = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
-      std::fclose(f);
-    }
-    return b > 0 ? b : int64_t{1} << 20;
-  }();
-  return bytes;
-}
-
 // The chunk rule (ops/chunking.h): on a host, from this machine's caches; on a device, chunks of
 // a quarter of an H200's 50 MB L2. Auto chunks neither (host: measured not to pay on the
 // development machine; device: not measured yet); TPNORM_CHUNK=on uses these sizes.
@@ -80,9 +64,9 @@ chunking::Rule chunk_rule(bool on_device) {
     r.chunk_bytes = int64_t{12} << 20;
     return r;
   }
-  static const chunking::Rule host = chunking::host_rule(
-      l2_bytes(), kernels::cpu::last_level_cache_bytes(),
-      static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  static const chunking::Rule host =
+      chunking::host_rule(kernels::cpu::l2_cache_bytes(), kernels::cpu::last_level_cache_bytes(),
+                          static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   return host;
 }
 

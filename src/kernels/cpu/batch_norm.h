@@ -59,6 +59,31 @@ template <class T, class P, class W, class S>
 void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const P* gamma,
                        const S* mean, const S* invstd, const W* stats, double n, T* dx);
 
+// One rank (the reduce is the identity), NCHW: a channel's statistics and its outputs in one
+// pass over the channel, threads over channels, so that the apply re-reads the channel's planes
+// from the core's L2 instead of memory (x read from memory once instead of twice, and dy too in
+// the backward). The same sums in the same order, the same constants and formulas as the
+// partial + apply kernels above: the same bits. Channels-last has no such path: a channel's
+// statistics need every row, so nothing of x is still in cache when the apply starts.
+
+/// Whether the fused path pays for `a`: NCHW, a channel's planes of the re-read inputs
+/// (input_bytes per element: x, or x and dy) fit in the per-core L2, and the channels split
+/// evenly enough over the threads (the two-pass apply splits planes, not channels).
+bool bn_fuses(const BatchNormArgs& a, int64_t input_bytes);
+
+/// bn_partial_forward + bn_moments + invstd = 1/sqrt(var + eps) + bn_apply_forward, channel by
+/// channel; n: the count per channel (the call header's); mean, var, invstd: [c] outputs.
+template <class T, class P, class W>
+void bn_fused_forward(const BatchNormArgs& a, const T* x, const P* gamma, const P* beta, double eps,
+                      double n, double* mean, double* var, double* invstd, T* y);
+
+/// bn_partial_backward into sums[2c] + bn_apply_backward from them, channel by channel; n: the
+/// count per channel, or 0 for the eval backward (dx = gamma*invstd*dy; sums still written, for
+/// dgamma / dbeta).
+template <class T, class P, class W, class S>
+void bn_fused_backward(const BatchNormArgs& a, const T* dy, const T* x, const P* gamma,
+                       const S* mean, const S* invstd, double n, W* sums, T* dx);
+
 /// dgamma = invstd * sum_local(dy*(x-mean)), dbeta = sum_local(dy) from this rank's (unsummed)
 /// backward partials; either output may be null.
 template <class P, class W, class S>

@@ -104,6 +104,23 @@ inline int64_t last_level_cache_bytes() {
   return bytes;
 }
 
+/// The per-core L2 in bytes: sysfs, else 1 MiB. (SyncBatchNorm's fused path and the chunk
+/// rule size what they keep in cache by it.)
+inline int64_t l2_cache_bytes() {
+  static const int64_t bytes = [] {
+    int64_t b = 0;
+    if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r")) {
+      long v = 0;
+      char unit = 0;
+      if (std::fscanf(f, "%ld%c", &v, &unit) >= 1)
+        b = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
+      std::fclose(f);
+    }
+    return b > 0 ? b : int64_t{1} << 20;
+  }();
+  return bytes;
+}
+
 /// Whether an output should bypass the caches, given the bytes the kernel touches (inputs and
 /// output): streaming stores skip the read-for-ownership of each output line and leave the
 /// cache to the inputs (which a two-pass kernel reads again), but only pay off when the working
