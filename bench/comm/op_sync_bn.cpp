@@ -102,9 +102,9 @@ class SyncBnCase : public BenchCase {
 
   // README "One collective per call": forward C x 2 values + count, backward C x 2 values. The
   // forward's count is the call header's element count ("2 x C values + header" both ways).
-  // Stats::kExact (tpnorm/batch_norm.h): C x 15 int64 forward, C x 11 backward.
+  // Stats::kExact (tpnorm/batch_norm.h): C x 13 int64 forward, C x 11 backward.
   uint64_t payload_values(bool forward) const override {
-    if (cfg_.stats == tpnorm::Stats::kExact) return (forward ? 15 : 11) * static_cast<uint64_t>(C_);
+    if (cfg_.stats == tpnorm::Stats::kExact) return (forward ? 13 : 11) * static_cast<uint64_t>(C_);
     return 2 * static_cast<uint64_t>(C_);
   }
 

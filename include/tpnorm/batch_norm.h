@@ -21,7 +21,7 @@
 //
 // A training forward makes ONE collective: per-channel partials plus the count (an exact
 // integer in float64, never float16; Stats::kNaive sends float32 and refuses 2^24 or more values
-// per channel; Stats::kExact sends 15 int64 per channel forward, 11 backward, the integer sums
+// per channel; Stats::kExact sends 13 int64 per channel forward, 11 backward, the integer sums
 // that give the same bits at every world size) and the call header (see tpnorm/norm.h). A training
 // call whose global count per channel is 1 (or 0) is an error on every rank, as in PyTorch.
 #pragma once

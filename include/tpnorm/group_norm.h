@@ -17,7 +17,7 @@
 // Collectives: exactly ONE all_reduce_sum per forward and per backward. Its payload carries
 // the partials of EVERY (sample, group), N * G * 2 values (+ the call header H = 10 or 2), of
 // the wire type (float64 robust / float32 naive), zeros for groups this rank holds no channel
-// of; Stats::kExact sends N * G * 15 int64 forward and N * G * 11 backward (the integer sums
+// of; Stats::kExact sends N * G * 13 int64 forward and N * G * 11 backward (the integer sums
 // that give the same bits at every world size, see tpnorm/norm.h). Cost: each rank sends about P
 // times the values it owns (a rank touches roughly G/P + 1 groups), in exchange for one
 // latency-bound collective whose layout is the same on every rank. Sending only touched groups

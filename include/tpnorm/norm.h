@@ -19,8 +19,8 @@
 // NormOptions::check_agreement is off). Payload per rank, in values of the wire type
 // (float64 for Stats::kRobust, float32 for Stats::kNaive):
 //   LayerNorm: 2*rows + H     RMSNorm: rows + H     with H = 10 (agreement on) or 2 (off).
-// Stats::kExact sends int64: LayerNorm 15*rows + H forward, 11*rows + H backward; RMSNorm
-// 10*rows + H / 6*rows + H (see Stats::kExact).
+// Stats::kExact sends int64: LayerNorm 13*rows + H forward, 11*rows + H backward; RMSNorm
+// 8*rows + H / 6*rows + H (see Stats::kExact).
 //
 // dtypes: x, y, dy, dx share one storage dtype (fp32, fp16, bf16; fp32 or fp64 accumulation
 // inside); gamma, beta, dgamma, dbeta have x's dtype, or float32 next to fp16/bf16 x (mixed
@@ -47,8 +47,9 @@ enum class Stats : int32_t {
   /// summed by one integer all-reduce), mean and variance computed from the integers and
   /// rounded once. The same bits at every world size and split, for every output (y, saved
   /// statistics, dx, dgamma, dbeta), and an exact variance at any offset. Inputs with a value
-  /// that is not finite or has |x| >= 2^64 give NaN statistics for that row. Payload per row:
-  /// LayerNorm forward 15 int64 (120 bytes), RMSNorm forward 10, LayerNorm backward 11, RMSNorm
+  /// that is not finite or has |x| >= 2^64 give NaN statistics for that row; squares of values
+  /// under 2^-79 are truncated to a grid of 2^-204 each (common/exact_sum.h). Payload per row:
+  /// LayerNorm forward 13 int64 (104 bytes), RMSNorm forward 8, LayerNorm backward 11, RMSNorm
   /// backward 6; at most 2048 ranks and 2^32 values a row. On device communicators too, for
   /// every op (the CPU's bits).
   kExact = 2,

@@ -3,24 +3,42 @@
 // Why: a float sum depends on how a row is split across ranks and in which order the pieces
 // are added; an integer sum does not. Every rank turns its partial sums into integers on ONE
 // grid that every rank knows without communicating, the ranks add the integers (one int64
-// all-reduce), and mean and variance come out of the integers exactly, each rounded once.
+// all-reduce), and mean and variance come out of the integers, each rounded once.
 //
 // The grid, the same for every storage dtype (fp32, bf16 and fp16 values all lie on it):
 //   values   v = k * 2^-149 (fp32's smallest subnormal) with |v| < 2^64   (kValueLsb, kMaxExp)
-//   squares  v^2 = k * 2^-298                                             (kSquareLsb)
-// Every finite value with |v| < 2^64, subnormals included, and its square is on the grid:
-// nothing is ever rounded. A value that is not finite or has |v| >= 2^64 is counted as "bad"
-// and left out of the sums; the ops make the statistics of such a row NaN, as a float sum of it
-// would be.
+//   squares  on the grid 2^-204, each square truncated to it BEFORE it is added (kSquareLsb)
+// Every finite value with |v| < 2^64, subnormals included, is on the value grid: sums of values
+// are never rounded. A square v^2 = m^2 * 2^(2e-300) (m the 24-bit significand, e the biased
+// exponent) is on the square grid when e >= kSquareExactExp = 48, i.e. |v| >= 2^-79; below
+// that it is truncated toward zero to a multiple of 2^-204, losing less than 2^-204 (values
+// under 2^-102 square to 0). The truncation is a function of the element alone, so the integers
+// are still the same whatever the split or the order: bitwise invariance holds for every
+// input. The statistics are then those of the truncated squares: the mean square and the
+// variance are low by less than 2^-204 absolute (the variance never below 0): next to eps in
+// 1/sqrt(var + eps) a relative change under 2^-204 / eps (2^-164 at eps = 1e-12), where float
+// outputs have 2^-24. It matters only at eps = 0 on a row whose values are all under ~2^-79:
+// e.g. values ±2^-110 get variance 0 and rstd = inf (the exact variance would be 2^-220).
+// Why not 2^-298, where every fp32 square lies: its sums need 9 limbs, these 7 (RMSNorm
+// forward: 8 int64 a row against kRobust's one float64, the 8x the mode allows). A value that is
+// not finite or has |v| >= 2^64 is counted as "bad" and left out of the sums; the ops make the
+// statistics of such a row NaN, as a float sum of it would be.
 //
 // Sizes, with n < 2^32 values a statistic over all ranks (kMaxCount):
 //   sum v    |.| < 2^(64+149+32) = 2^245 units of 2^-149   -> Sum1 = Wide<4> (256-bit signed)
-//   sum v^2   0 <= . < 2^(128+298+32) = 2^458 units of 2^-298 -> Sum2 = Wide<8> (512-bit)
+//   sum v^2   0 <= . < 2^(128+204+32) = 2^364 units of 2^-204 -> Sum2 = Wide<8> (512-bit: the
+//            width variance() needs for n * sum v^2 * 2^94 on the grid of (sum v)^2, < 2^490)
 // On the wire a sum is split into limbs of kLimbBits = 52 bits: every limb but the top one in
-// [0, 2^52), the top one signed (|top| < 2^37 for Sum1, < 2^42 for Sum2). Up to kMaxRanks =
-// 2048 ranks add such limbs without overflowing int64, and unpack() adds the limbs back with
+// [0, 2^52), the top one signed and bounded by the TOTAL over ranks (a rank's top limb is its
+// sum shifted down, and those add to at most the total's): |top| < 2^37 for Sum1, < 2^52 for
+// Sum2, far from 2^63. The lower limbs bound the ranks: kMaxRanks = 2048 ranks add limbs below
+// 2^52 without overflowing int64 (2048 * (2^52 - 1) < 2^63). unpack() adds the limbs back with
 // their carries, so any split of the values over ranks, in any order, gives the same integers.
-//   Sum1: kLimbs1 = 5 limbs (40 bytes)      Sum2: kLimbs2 = 9 limbs (72 bytes)
+//   Sum1: kLimbs1 = 5 limbs (40 bytes)      Sum2: kLimbs2 = 7 limbs (56 bytes)
+// Payload per row (int64s, with `bad`): RMSNorm forward 1 + 7 = 8 (8x kRobust's one float64),
+// LayerNorm 1 + 5 + 7 = 13 (6.5x); backward RMSNorm 1 + 5 = 6, LayerNorm 1 + 5 + 5 = 11 (against
+// two float64s); SyncBatchNorm and GroupNorm per channel / slot: moment_limbs() = 13 forward,
+// 11 backward.
 //
 // Host and device: everything here is TPNORM_HD and uses only 64/128-bit integer arithmetic.
 #pragma once
@@ -41,12 +59,16 @@
 
 namespace tpnorm::exact {
 
-constexpr int kValueLsb = -149;             ///< sums of values count units of 2^-149
-constexpr int kSquareLsb = -298;            ///< sums of squares count units of 2^-298
-constexpr int kMaxExp = 64;                 ///< values need |v| < 2^kMaxExp
-constexpr int kLimbBits = 52;               ///< payload bits per int64 limb below the top one
-constexpr int kLimbs1 = 5;                  ///< limbs of a sum of values
-constexpr int kLimbs2 = 9;                  ///< limbs of a sum of squares
+constexpr int kValueLsb = -149;   ///< sums of values count units of 2^-149
+constexpr int kSquareLsb = -204;  ///< sums of squares count units of 2^-204
+constexpr int kMaxExp = 64;       ///< values need |v| < 2^kMaxExp
+constexpr int kLimbBits = 52;     ///< payload bits per int64 limb below the top one
+constexpr int kLimbs1 = 5;        ///< limbs of a sum of values
+constexpr int kLimbs2 = 7;        ///< limbs of a sum of squares
+/// The smallest biased exponent whose squares lie on the square grid (|v| >= 2^-79).
+constexpr int kSquareExactExp = (300 + kSquareLsb) / 2;
+static_assert(2 * kSquareExactExp == 300 + kSquareLsb, "an exponent whose squares are exact");
+static_assert(kLimbBits * (kLimbs2 - 1) + 52 >= 128 + 32 - kSquareLsb, "sum of squares fits");
 constexpr int kMaxRanks = 2048;             ///< P * (2^52 - 1) < 2^63
 constexpr double kMaxCount = 4294967296.0;  ///< n < 2^32 values per statistic
 
@@ -64,6 +86,20 @@ struct Wide {
 };
 using Sum1 = Wide<4>;  ///< sum of values, units of 2^kValueLsb
 using Sum2 = Wide<8>;  ///< sum of squares, units of 2^kSquareLsb
+
+/// The square of a value ±m * 2^(e-150) (m < 2^24 its significand, e >= 1 its biased
+/// exponent, subnormals as 1) on the square grid is square_units(m, e) * 2^square_shift(e)
+/// units of 2^kSquareLsb: m^2 shifted up when the square is on the grid (e >= kSquareExactExp),
+/// otherwise truncated toward zero to the grid (shift 0). Every accumulator adds squares
+/// through these two, so every split of the values gives the same integers.
+TPNORM_HD constexpr int square_shift(int e) {
+  return 2 * e >= 300 + kSquareLsb ? 2 * e - 300 - kSquareLsb : 0;
+}
+TPNORM_HD constexpr uint64_t square_units(uint64_t m, int e) {
+  return 2 * e >= 300 + kSquareLsb        ? m * m
+         : 300 + kSquareLsb - 2 * e >= 48 ? 0  // m^2 < 2^48: nothing left on the grid
+                                          : (m * m) >> (300 + kSquareLsb - 2 * e);
+}
 
 using u128 = unsigned __int128;
 
@@ -318,13 +354,17 @@ TPNORM_HD inline double mean(const Sum1& s1, uint64_t n) {
 }
 
 /// (n sum v^2 - (sum v)^2) / n^2, the population variance, rounded once. 1 <= n < 2^32.
-/// The numerator is an integer (no cancellation), >= 0 by Cauchy-Schwarz.
+/// The numerator is an integer (no cancellation) on the grid of (sum v)^2, 2^(2 kValueLsb):
+/// n sum v^2 shifted up by kSquareLsb - 2 kValueLsb = 94 bits (< 2^490). It is >= 0 by
+/// Cauchy-Schwarz for exact squares; truncated squares (values under 2^-79) can take it below
+/// zero by less than n^2 2^-204, and the variance is then 0.
 TPNORM_HD inline double variance(const Sum1& s1, const Sum2& s2, uint64_t n) {
+  static_assert(kSquareLsb - 2 * kValueLsb >= 0, "squares' grid no finer than (sum v)^2's");
   const Sum1 m1 = magnitude(s1);
-  Sum2 num = times(s2, n);
+  Sum2 num = shifted_left(times(s2, n), kSquareLsb - 2 * kValueLsb);
   add(num, negated(product(m1, m1)));
-  if (is_negative(num)) return 0.0;  // unreachable for sums of real values; keeps NaN away
-  return ratio(num, n * n, kSquareLsb);
+  if (is_negative(num)) return 0.0;
+  return ratio(num, n * n, 2 * kValueLsb);
 }
 
 /// sum v^2 / n, rounded once. n >= 1.

@@ -71,6 +71,38 @@ TEST(BenchTraffic, CountersEqualTheDocumentedFormula) {
   }
 }
 
+// Stats::kExact: int64 limbs (common/exact_sum.h), README "Same bits at any world size",
+// written out here: LayerNorm 13 a row forward (bad + 5 limbs of sum x + 7 of sum x^2) and 11
+// backward, RMSNorm 8 and 6, SyncBatchNorm 13 and 11 a channel; the header in int64 too.
+TEST(BenchTraffic, ExactCountersEqualTheDocumentedLimbs) {
+  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  BenchConfig cfg;
+  cfg.rows = 13;
+  cfg.hidden = 7 * world->size() + 1;
+  cfg.shape = {world->size() + 1, 3, 2, 5};
+  cfg.stats = Stats::kExact;
+  for (const BenchOp& op : bench_ops()) {
+    SCOPED_TRACE(op.name);
+    const std::string n = op.name;
+    const uint64_t per =
+        n == "syncbn" ? static_cast<uint64_t>(cfg.shape[1]) : static_cast<uint64_t>(cfg.rows);
+    const uint64_t fwd = n == "rmsnorm" ? 8 : 13, bwd = n == "rmsnorm" ? 6 : 11, header = 10;
+    auto c = op.make(cfg, world->rank(), world->size());
+    EXPECT_EQ(c->payload_values(true), fwd * per);
+    EXPECT_EQ(c->payload_values(false), bwd * per);
+    world->set_strict_calls(0);
+    world->reset_counters();
+    c->forward(*world);
+    EXPECT_EQ(world->counters().calls, 1u);
+    EXPECT_EQ(world->counters().bytes_sent, (fwd * per + header) * 8);
+    world->reset_counters();
+    c->backward(*world);
+    EXPECT_EQ(world->counters().calls, 1u);
+    EXPECT_EQ(world->counters().bytes_sent, (bwd * per + header) * 8);
+    EXPECT_EQ(tpnorm_test::sum_over_ranks(c->count_wrong()), 0);
+  }
+}
+
 // The wrapper forwards: the real communicator sees the same collectives and bytes, the results
 // are right through it, and only calls between begin() and end() are timed.
 TEST(BenchTraffic, TimedCommunicatorForwardsAndTimesEachCall) {

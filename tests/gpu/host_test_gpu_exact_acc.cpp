@@ -5,9 +5,11 @@
 // kernels/cuda/exact_rows.cu partial_fwd / partial_bwd) must be the limbs the CPU packs from its
 // own exact sums (kernels/cpu/exact_bins.h exact_accumulate, itself checked against Python's
 // integers in tests/unit/test_exact_sum.cpp): the same payload integers, for any thread count.
-// Data: the Python-checked table of tests/unit, normal data around offsets, values spread over
-// more than the window (the slow path), subnormals, signed zeros, bad values, and more than
-// kExactFlush values a thread at the top of the range (the flush and its headroom).
+// Data: the Python-checked table of tests/unit (whose sums the GPU limbs must also give directly,
+// against Python's integers), normal data around offsets, values spread over more than the
+// window (the slow path), subnormals, values under 2^-79 whose squares are truncated to the
+// grid (all through the direct path), signed zeros, bad values, and more than kExactFlush values
+// a thread at the top of the range (the flush and its headroom).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,8 +40,8 @@ uint32_t bits(float v) {
 constexpr int kL1 = exact::kLimbs1, kL2 = exact::kLimbs2;
 constexpr int kFwd = 1 + kL1 + kL2;  // {bad, sum x, sum x^2}
 
-// The GPU partial's limbs of one row of values: {bad, sum x (5), sum x^2 (9)} with squares,
-// {bad, sum x (5)} without.
+// The GPU partial's limbs of one row of values: {bad, sum x (kLimbs1), sum x^2 (kLimbs2)} with
+// squares, {bad, sum x (kLimbs1)} without.
 std::vector<int64_t> gpu_limbs(const std::vector<float>& x, int threads, bool squares) {
   int emax = 0;
   for (float v : x) emax = std::max(emax, kernels::cuda::exact_good_exponent(bits(v)));
@@ -100,11 +102,31 @@ const TableCase kTable[] = {
 #include "../unit/data/exact_sum_cases.inc"
 };
 
+// Decimal digits of a two's-complement wide integer.
+template <int W>
+std::string decimal(exact::Wide<W> a) {
+  const bool neg = exact::is_negative(a);
+  if (neg) a = exact::negated(a);
+  std::string s;
+  do {
+    s.push_back(static_cast<char>('0' + exact::divide(a, 10)));
+  } while (!exact::is_zero(a));
+  if (neg) s.push_back('-');
+  return std::string(s.rbegin(), s.rend());
+}
+
 TEST(GpuExactAcc, PythonTableGivesTheCpuLimbs) {
   for (const TableCase& c : kTable) {
     std::vector<float> x;
     for (const auto& [v, k] : c.values) x.insert(x.end(), k, static_cast<float>(v));
     expect_same(x, c.name);
+    // And the sums Python's integers give, without the CPU in between.
+    for (int threads : {1, 32}) {
+      const std::vector<int64_t> l = gpu_limbs(x, threads, true);
+      EXPECT_EQ(decimal(exact::unpack<4>(l.data() + 1, kL1)), c.s1) << c.name;
+      EXPECT_EQ(decimal(exact::unpack<8>(l.data() + 1 + kL1, kL2)), c.s2) << c.name;
+      EXPECT_EQ(l[0], c.bad) << c.name;
+    }
   }
 }
 
@@ -146,6 +168,17 @@ TEST(GpuExactAcc, WideRangesSubnormalsZerosAndBadValues) {
     v = static_cast<float>(std::ldexp(static_cast<double>(mant(rng)) / (1 << 24), ex(rng))) *
         (mant(rng) & 1 ? -1.0f : 1.0f);
   expect_same(any, "exponents over the whole range");
+  // Squares truncated to the grid: tiny rows (the window stays at kSquareExactExp, every value
+  // takes the direct path), and values across 2^-79 beside a larger one.
+  std::vector<float> tinyrow(500), across;
+  for (float& v : tinyrow)
+    v = static_cast<float>(std::ldexp(static_cast<double>(mant(rng)) / (1 << 24), -100)) *
+        (mant(rng) & 1 ? -1.0f : 1.0f);
+  expect_same(tinyrow, "values around 2^-100 only");
+  for (int e = -96; e < -60; ++e) across.push_back(std::ldexp(1.0f + e / 1000.0f, e));
+  expect_same(across, "values across 2^-79 only");
+  across.push_back(3.0f);
+  expect_same(across, "values across 2^-79 and 3");
 }
 
 // More than kExactFlush values a thread, all at the top of the range: the fast sums must flush
@@ -184,6 +217,8 @@ TEST(GpuExactRows, LimbLayoutAndPlanMatchTheCpu) {
   EXPECT_EQ(kernels::cuda::exact_row_plan(0, 16, 4, {}).blocks, 0);
   EXPECT_EQ(kernels::cuda::exact_window_low(10), 1);
   EXPECT_EQ(kernels::cuda::exact_window_low(190), 166);
+  EXPECT_EQ(kernels::cuda::exact_window_low(10, exact::kSquareExactExp), exact::kSquareExactExp);
+  EXPECT_EQ(kernels::cuda::exact_window_low(190, exact::kSquareExactExp), 166);
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ using namespace tpnorm_test;
 namespace {
 
 constexpr int kCases = 360;
+constexpr int kTinyCases = 60;
 constexpr uint64_t kSeed = 1515;
 
 // Elements of a and b (same dtype and size) whose bits differ; prints the first few.
@@ -50,6 +51,11 @@ int64_t bits_differ(const char* what, Buffer& got, Buffer& want) {
                    got.get(i), want.get(i));
   return wrong;
 }
+
+// eps for values drawn at `scale`: the default, and for tiny values (scale 2^-100 or 2^-135)
+// 1e-60 (~2^-199), near their variance, so that the last units of the sum of squares (2^-204)
+// show in rstd and in everything after it.
+double eps_for(double scale) { return scale == 1.0 ? 1e-5 : 1e-60; }
 
 DType draw_dtype(std::mt19937_64& g) {
   const DType dts[] = {DType::F32, DType::F16, DType::BF16};
@@ -82,6 +88,7 @@ struct RowCase {
   double offset;
   std::vector<int> weights;
   int threads_one, threads_sharded;
+  double scale;  // x (and f) drawn as scale * N(offset, 1)
 };
 
 struct RowOut {
@@ -104,6 +111,7 @@ RowOut run_rows(Communicator& comm, const RowCase& c, int threads, int64_t c0, i
   NormOptions opt;
   opt.stats = Stats::kExact;
   opt.num_threads = threads;
+  opt.eps = eps_for(c.scale);
   const TensorView gv = c.affine ? gb.view(p) : TensorView{};
   if (c.kind == RowKind::kFused) {
     Buffer fb(c.dt, columns(f, R, c.hidden, c0, h));
@@ -171,7 +179,9 @@ RowOut run_rows(Communicator& comm, const RowCase& c, int threads, int64_t c0, i
   return o;
 }
 
-PropertyCase draw_rows(std::mt19937_64& g, int P) {
+// A case drawn from g; scale != 1 scales x (and f) and replaces fp16 (which has no such tiny
+// values) by fp32, without drawing anything more from g.
+PropertyCase draw_rows(std::mt19937_64& g, int P, double scale = 1.0) {
   RowCase c;
   c.kind = static_cast<RowKind>(pick(g, 3));
   c.alpha = pick(g, 2) ? 1.0 : 1.0 + pick(g, 100) / 37.0;
@@ -187,20 +197,23 @@ PropertyCase draw_rows(std::mt19937_64& g, int P) {
   c.weights = draw_weights(g, P);
   c.threads_one = 1 + pick(g, 2);
   c.threads_sharded = 3 - c.threads_one;
+  c.scale = scale;
+  if (scale != 1.0 && c.dt == DType::F16) c.dt = DType::F32;
   std::string w;
   for (int x : c.weights) w += std::to_string(x) + ",";
   const std::string what = kind_name(c.kind) + std::string(c.centered ? "LayerNorm" : "RMSNorm") +
                            " P=" + std::to_string(P) + " [" + std::to_string(c.rows) + "x" +
                            std::to_string(c.hidden) + "] " + dtype_name(c.dt) + " saved " +
                            dtype_name(c.saved) + " offset " + std::to_string(c.offset) +
-                           (c.affine ? " affine" : "") + " weights " + w;
+                           (c.affine ? " affine" : "") + " weights " + w + " scale 2^" +
+                           std::to_string(std::ilogb(c.scale));
   return {kind_name(c.kind) + std::string(c.centered ? "LayerNorm" : "RMSNorm"), what,
           [c](Communicator& comm, uint64_t seed) {
             const int64_t R = c.rows, H = c.hidden;
-            const auto x = normal(seed, 0, R * H, c.offset, 1.0);
+            const auto x = normal(seed, 0, R * H, c.scale * c.offset, c.scale);
             const auto dy = normal(seed, 1, R * H);
             const auto gamma = normal(seed, 2, H, 1.0, 0.5), beta = normal(seed, 3, H);
-            const auto f = normal(seed, 4, R * H, c.offset, 1.0);
+            const auto f = normal(seed, 4, R * H, c.scale * c.offset, c.scale);
             auto one = make_single_communicator();
             RowOut want2, got2;
             RowOut want = run_rows(*one, c, c.threads_one, 0, H, x, dy, gamma, beta, f, &want2);
@@ -249,6 +262,7 @@ struct BnCase {
   double offset;
   std::vector<int> weights;
   int threads_one, threads_sharded;
+  double scale;
 };
 
 struct BnOut {
@@ -286,6 +300,7 @@ BnOut run_bn(Communicator& comm, const BnCase& c, int threads, int64_t b0, int64
   BatchNormOptions opt;
   opt.stats = Stats::kExact;
   opt.num_threads = threads;
+  opt.eps = eps_for(c.scale);
   opt.layout = c.channels_last ? Layout::kChannelsLast : Layout::kNCHW;
   const TensorView gv = c.affine ? gb.view(cs) : TensorView{};
   const TensorView bv = c.affine ? bb.view(cs) : TensorView{};
@@ -297,7 +312,7 @@ BnOut run_bn(Communicator& comm, const BnCase& c, int threads, int64_t b0, int64
   return o;
 }
 
-PropertyCase draw_bn(std::mt19937_64& g, int P) {
+PropertyCase draw_bn(std::mt19937_64& g, int P, double scale = 1.0) {
   BnCase c;
   c.c = 1 + pick(g, 6);
   c.n_total = 2 + pick(g, 9);
@@ -310,18 +325,21 @@ PropertyCase draw_bn(std::mt19937_64& g, int P) {
   c.weights = draw_weights(g, P);
   c.threads_one = 1 + pick(g, 2);
   c.threads_sharded = 3 - c.threads_one;
+  c.scale = scale;
+  if (scale != 1.0 && c.dt == DType::F16) c.dt = DType::F32;
   std::string w;
   for (int x : c.weights) w += std::to_string(x) + ",";
   const std::string what = "SyncBN P=" + std::to_string(P) + " C=" + std::to_string(c.c) +
                            " N=" + std::to_string(c.n_total) + " spatial dims " +
                            std::to_string(c.spatial.size()) +
                            (c.channels_last ? " channels-last " : " NCHW ") + dtype_name(c.dt) +
-                           " offset " + std::to_string(c.offset) + " weights " + w;
+                           " offset " + std::to_string(c.offset) + " weights " + w + " scale 2^" +
+                           std::to_string(std::ilogb(c.scale));
   return {"SyncBatchNorm", what, [c, P](Communicator& comm, uint64_t seed) {
             int64_t inner = 1;
             for (int64_t d : c.spatial) inner *= d;
             const int64_t per = c.c * inner, total = c.n_total * per;
-            const auto x = normal(seed, 0, total, c.offset, 1.0);
+            const auto x = normal(seed, 0, total, c.scale * c.offset, c.scale);
             const auto dy = normal(seed, 1, total);
             const auto gamma = normal(seed, 2, c.c, 1.0, 0.5), beta = normal(seed, 3, c.c);
             auto one = make_single_communicator();
@@ -353,6 +371,7 @@ struct GnCase {
   double offset;
   std::vector<int> weights;
   int threads_one, threads_sharded;
+  double scale;
 };
 
 struct GnOut {
@@ -386,6 +405,7 @@ GnOut run_gn(Communicator& comm, const GnCase& c, int threads, int64_t c0, int64
   NormOptions opt;
   opt.stats = Stats::kExact;
   opt.num_threads = threads;
+  opt.eps = eps_for(c.scale);
   const ChannelGroups cg{c.groups, c.c, c0};
   const TensorView gv = c.affine ? gb.view(cs) : TensorView{};
   const TensorView bv = c.affine ? bb.view(cs) : TensorView{};
@@ -397,7 +417,7 @@ GnOut run_gn(Communicator& comm, const GnCase& c, int threads, int64_t c0, int64
   return o;
 }
 
-PropertyCase draw_gn(std::mt19937_64& g, int P) {
+PropertyCase draw_gn(std::mt19937_64& g, int P, double scale = 1.0) {
   GnCase c;
   c.groups = 1 + pick(g, 4);
   c.c = c.groups * (1 + pick(g, 3));  // InstanceNorm when groups == channels
@@ -410,17 +430,19 @@ PropertyCase draw_gn(std::mt19937_64& g, int P) {
   c.weights = draw_weights(g, P);
   c.threads_one = 1 + pick(g, 2);
   c.threads_sharded = 3 - c.threads_one;
+  c.scale = scale;
+  if (scale != 1.0 && c.dt == DType::F16) c.dt = DType::F32;
   std::string w;
   for (int x : c.weights) w += std::to_string(x) + ",";
   const std::string what = "GroupNorm P=" + std::to_string(P) + " N=" + std::to_string(c.n) +
                            " C=" + std::to_string(c.c) + " G=" + std::to_string(c.groups) + " " +
                            dtype_name(c.dt) + " offset " + std::to_string(c.offset) + " weights " +
-                           w;
+                           w + " scale 2^" + std::to_string(std::ilogb(c.scale));
   return {"GroupNorm", what, [c](Communicator& comm, uint64_t seed) {
             int64_t inner = 1;
             for (int64_t d : c.spatial) inner *= d;
             const int64_t total = c.n * c.c * inner;
-            const auto x = normal(seed, 0, total, c.offset, 1.0);
+            const auto x = normal(seed, 0, total, c.scale * c.offset, c.scale);
             const auto dy = normal(seed, 1, total);
             const auto gamma = normal(seed, 2, c.c, 1.0, 0.5), beta = normal(seed, 3, c.c);
             auto one = make_single_communicator();
@@ -443,10 +465,22 @@ PropertyCase draw_gn(std::mt19937_64& g, int P) {
 }
 
 TEST(ExactInvariance, RandomCasesBitwiseEqualToOneProcess) {
-  const std::vector<std::function<PropertyCase(std::mt19937_64&, int)>> drawers = {
+  const std::vector<std::function<PropertyCase(std::mt19937_64&, int, double)>> drawers = {
       draw_rows, draw_bn, draw_gn};
   run_random_cases(kCases, kSeed, [&](std::mt19937_64& g, int P) {
-    return drawers[static_cast<size_t>(pick(g, static_cast<int>(drawers.size())))](g, P);
+    return drawers[static_cast<size_t>(pick(g, static_cast<int>(drawers.size())))](g, P, 1.0);
+  });
+}
+
+// Values whose squares exact_sum.h truncates to the grid 2^-204 (|x| < 2^-79): x drawn around
+// 2^-100 (normal fp32/bf16) or 2^-135 (subnormals), eps 1e-60 (eps_for). The truncation is per
+// element, so every op must still give the same bits at every world size and split.
+TEST(ExactInvariance, TinyValuesBitwiseEqualToOneProcess) {
+  const std::vector<std::function<PropertyCase(std::mt19937_64&, int, double)>> drawers = {
+      draw_rows, draw_bn, draw_gn};
+  run_random_cases(kTinyCases, kSeed + 1, [&](std::mt19937_64& g, int P) {
+    const double scale = std::ldexp(1.0, pick(g, 2) ? -100 : -135);
+    return drawers[static_cast<size_t>(pick(g, static_cast<int>(drawers.size())))](g, P, scale);
   });
 }
 
@@ -509,6 +543,70 @@ TEST(ExactInvariance, VarianceExactOnSmallCases) {
           "exact: P=%d offset %g: largest relative rstd error, kExact %.3g, kRobust "
           "%.3g\n",
           P, offset, err[0], err[1]);
+  }
+}
+
+// Statistics of tiny values against integers formed here, independently of the library: rows
+// of fp32 values under 2^-94 (a few subnormals among them; row 0 all +-2^-110, whose squares
+// truncate to 0), m = x * 2^149 an exact integer, S1 = sum m and S2 = sum floor(x^2 * 2^204)
+// = sum (m^2 >> 94): each square truncated to the grid, as exact_sum.h documents. With
+// eps = 1e-300 (the API's eps > 0, far below these statistics), the saved float64 statistics
+// must be the rationals of the truncated squares rounded once: RMSNorm's 1/sqrt(S2 / n 2^-204 +
+// eps), LayerNorm's mean S1 / n 2^-149 and 1/sqrt(max(0, n S2 2^94 - S1^2) / n^2 2^-298 + eps),
+// at the job's world size with the hidden dim split unevenly. Most rows' statistics differ from
+// those of the exact squares (checked: the test tells truncation from no truncation).
+TEST(ExactInvariance, TinyValuesGiveTheStatisticsOfTruncatedSquares) {
+  constexpr int64_t R = 6, H = 64;
+  constexpr double kEps = 1e-300;
+  Communicator& comm = *[] {
+    static auto c = make_mpi_communicator(MPI_COMM_WORLD);
+    return c.get();
+  }();
+  const int P = comm.size(), me = comm.rank();
+  std::vector<int> weights;
+  for (int p = 0; p < P; ++p) weights.push_back(1 + p % 3);
+  const Split sp = split_weighted(H, weights);
+  const int64_t c0 = sp.offset[me], h = sp.count[me];
+  std::vector<float> x = normal(91, 0, R * H);
+  for (int64_t i = 0; i < R * H; ++i) {
+    const float v = std::max(-3.9f, std::min(3.9f, x[i]));
+    x[i] = i < H ? std::ldexp(i % 3 ? 1.0f : -1.0f, -110)
+                 : std::ldexp(v, i % 17 == 5 ? -140 : -96);  // |x| < 2^-94; subnormals
+  }
+  std::vector<double> ms_ref(R), mean_ref(R), var_ref(R);
+  int differs = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    __int128 s1 = 0, s2 = 0, q = 0;  // q: the exact squares, m^2
+    for (int64_t j = 0; j < H; ++j) {
+      const auto m = static_cast<__int128>(std::ldexp(static_cast<double>(x[r * H + j]), 149));
+      const auto sq = static_cast<unsigned __int128>(m < 0 ? -m : m) * (m < 0 ? -m : m);
+      s1 += m;
+      s2 += static_cast<__int128>(sq >> 94);
+      q += static_cast<__int128>(sq);
+    }
+    ms_ref[r] = std::ldexp(static_cast<double>(s2), -204) / H;  // s2 < 2^22: exact
+    mean_ref[r] = std::ldexp(static_cast<double>(s1), -149) / H;
+    const __int128 num = H * s2 * (static_cast<__int128>(1) << 94) - s1 * s1;  // |.| < 2^123
+    var_ref[r] = std::ldexp(static_cast<double>(num > 0 ? num : 0), -298) / (H * H);
+    const double var_exact = std::ldexp(static_cast<double>(H * q - s1 * s1), -298) / (H * H);
+    differs += 1.0 / std::sqrt(var_exact + kEps) != 1.0 / std::sqrt(var_ref[r] + kEps);
+  }
+  EXPECT_GE(differs, R - 1);
+  Buffer xb(DType::F32, columns(x, R, H, c0, h)), y(DType::F32, R * h);
+  Buffer mean(DType::F64, R), rstd(DType::F64, R);
+  NormOptions opt;
+  opt.stats = Stats::kExact;
+  opt.eps = kEps;
+  const auto* m = static_cast<const double*>(mean.view({R}).data);
+  const auto* s = static_cast<const double*>(rstd.view({R}).data);
+  rms_norm_forward(comm, xb.view({R, h}), {}, y.view({R, h}), rstd.view({R}), opt);
+  for (int64_t r = 0; r < R; ++r)
+    EXPECT_EQ(s[r], 1.0 / std::sqrt(ms_ref[r] + kEps)) << "RMSNorm row " << r;
+  layer_norm_forward(comm, xb.view({R, h}), {}, {}, y.view({R, h}), mean.view({R}), rstd.view({R}),
+                     opt);
+  for (int64_t r = 0; r < R; ++r) {
+    EXPECT_EQ(m[r], mean_ref[r]) << "LayerNorm row " << r;
+    EXPECT_EQ(s[r], 1.0 / std::sqrt(var_ref[r] + kEps)) << "LayerNorm row " << r;
   }
 }
 

@@ -142,6 +142,19 @@ std::vector<std::pair<std::string, std::vector<float>>> adversarial_inputs() {
   v.clear();
   for (int i = 0; i < 5000; ++i) v.push_back(rng() % 9 == 0 ? 0.0f : normal(rng));
   add("N(0,1) with zeros", v);
+  // Squares truncated to the grid (|v| < 2^-79, exact_sum.h): the squares stream keeps its
+  // window above them and sends them, one by one, to exact_add_one.
+  v.clear();
+  for (int i = 0; i < 1000; ++i) v.push_back(std::ldexp(normal(rng), -100));
+  add("tiny values around 2^-100 only (every square truncated)", v);
+  v.clear();
+  for (int e = -95; e < -60; ++e)
+    for (int r = 0; r < 7; ++r) v.push_back(std::ldexp(1.0f + 0.25f * normal(rng), e));
+  add("exponents across 2^-79, where squares stop being exact", v);
+  v.clear();
+  for (int i = 0; i < 2000; ++i)
+    v.push_back(i % 5 ? std::ldexp(normal(rng), -60 - static_cast<int>(rng() % 80)) : normal(rng));
+  add("normal values among tiny ones (tiny ones below the window)", v);
   return in;
 }
 

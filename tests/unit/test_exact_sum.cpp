@@ -24,7 +24,7 @@ struct Case {
   const char* name;
   std::vector<std::pair<double, int>> values;  // float32 value, repeat count
   const char* s1;                              // sum v * 2^149
-  const char* s2;                              // sum v^2 * 2^298
+  const char* s2;  // sum floor(v^2 * 2^204): squares truncated to the grid
   int64_t bad, n;
   double mean, var, mean_square;
 };
@@ -188,6 +188,37 @@ TEST(ExactSum, LimbHeadroomForMaxRanks) {
   EXPECT_EQ(exact::variance(exact::unpack<4>(s1, exact::kLimbs1),
                             exact::unpack<8>(s2, exact::kLimbs2), n),
             0.0);
+}
+
+// The largest statistic the format takes: n = 2^32 - 1 values of the largest good value, dealt
+// unevenly over kMaxRanks ranks (rank r's sums are those of its count of values, formed by
+// multiplying one value's integers). The limbs' int64 sums must not overflow, the top limb of
+// the sum of squares stays below 2^52 (exact_sum.h's bound) and the limbs unpack to the sums.
+TEST(ExactSum, LimbHeadroomAtTheLargestCount) {
+  const float top = std::nextafter(std::ldexp(1.0f, exact::kMaxExp), 0.0f);
+  ExactBins one;
+  one.add_values_and_squares(1, [&](int64_t) { return top; });
+  const uint64_t n = (uint64_t{1} << 32) - 1;
+  int64_t s1[exact::kLimbs1] = {}, s2[exact::kLimbs2] = {};
+  uint64_t dealt = 0;
+  for (int r = 0; r < exact::kMaxRanks; ++r) {
+    const uint64_t mine = r + 1 < exact::kMaxRanks ? (n / exact::kMaxRanks) + (r % 3) : n - dealt;
+    dealt += mine;
+    int64_t l1[exact::kLimbs1], l2[exact::kLimbs2];
+    exact::pack(exact::times(one.sum(), mine), l1, exact::kLimbs1);
+    exact::pack(exact::times(one.sum_of_squares(), mine), l2, exact::kLimbs2);
+    for (int i = 0; i < exact::kLimbs1; ++i)
+      ASSERT_FALSE(__builtin_add_overflow(s1[i], l1[i], &s1[i]));
+    for (int i = 0; i < exact::kLimbs2; ++i)
+      ASSERT_FALSE(__builtin_add_overflow(s2[i], l2[i], &s2[i]));
+  }
+  ASSERT_EQ(dealt, n);
+  EXPECT_LT(s2[exact::kLimbs2 - 1], int64_t{1} << 52);
+  EXPECT_TRUE(exact::unpack<4>(s1, exact::kLimbs1) == exact::times(one.sum(), n));
+  EXPECT_TRUE(exact::unpack<8>(s2, exact::kLimbs2) == exact::times(one.sum_of_squares(), n));
+  EXPECT_EQ(exact::mean(exact::unpack<4>(s1, exact::kLimbs1), n), static_cast<double>(top));
+  EXPECT_EQ(exact::mean_square(exact::unpack<8>(s2, exact::kLimbs2), n),
+            static_cast<double>(top) * top);
 }
 
 // Rounding once, including ties: (2^53 + 1) / 1 and friends through ratio().

@@ -4,9 +4,11 @@
 //
 // A float v = ±m * 2^(e-150) (e its biased exponent, m its 24-bit significand with the implicit
 // bit; a subnormal, e = 0, is read as e = 1 without it) adds ±m to bin a[e] and, for a sum of
-// squares, m^2 to bin b[e]: a few integer instructions per value whatever its size, and integer
-// adds, so the order of the values does not matter. fold() shifts every bin into the wide sums
-// (bin e of a counts units of 2^(e-1) * 2^-149, of b units of 2^(2e-2) * 2^-298) and empties it.
+// squares, its square on the square grid, exact::square_units(m, e) (m^2, or m^2 truncated to
+// the grid for |v| < 2^-79), to bin b[e]: a few integer instructions per value whatever its
+// size, and integer adds, so the order of the values does not matter. fold() shifts every bin
+// into the wide sums (bin e of a counts units of 2^(e-1) * 2^-149, of b units of
+// 2^square_shift(e) * 2^kSquareLsb) and empties it.
 //
 // Headroom: m^2 < 2^48, so a bin takes kBatch = 2^14 adds before a fold; add_* fold by
 // themselves every kBatch values. Values are spread over kCopies copies of the bins (value j
@@ -107,7 +109,7 @@ class ExactBins {
       return;
     }
     a_[c][e] += m;
-    b_[c][e] += m * m;
+    b_[c][e] += static_cast<int64_t>(exact::square_units(static_cast<uint64_t>(m < 0 ? -m : m), e));
   }
 
   void put_pair(int c, float v, float w) {
@@ -128,7 +130,7 @@ class ExactBins {
       int64_t a = 0, b = 0;
       for (int c = 0; c < kCopies; ++c) a += a_[c][e], b += b_[c][e], a_[c][e] = b_[c][e] = 0;
       if (a) exact::add_shifted(s1_, a, e - 1);
-      if (b) exact::add_shifted(s2_, b, 2 * e - 2);
+      if (b) exact::add_shifted(s2_, b, exact::square_shift(e));
     }
   }
 
@@ -159,7 +161,10 @@ inline void exact_add_one(float v, exact::Sum1& s1, exact::Sum2* s2, int64_t& ba
   const int e = be + (be == 0);
   const int64_t mag = static_cast<int64_t>((u & 0x7fffffu) | (be != 0 ? 0x800000u : 0u));
   exact::add_shifted(s1, (u >> 31) ? -mag : mag, e - 1);
-  if (s2) exact::add_shifted(*s2, mag * mag, 2 * e - 2);
+  if (s2)
+    exact::add_shifted(*s2,
+                       static_cast<int64_t>(exact::square_units(static_cast<uint64_t>(mag), e)),
+                       exact::square_shift(e));
 }
 
 /// A prefetch into L2 that the compiler keeps: GCC 12 dropped __builtin_prefetch from the
@@ -196,8 +201,12 @@ struct ExactTarget {
 /// The window is chosen in the same pass: a vector holding a value above it flushes the lanes
 /// into the wide sums and reopens them with ehi = that value's exponent + kSlack, so ehi only
 /// grows (a stream reopens at most ~190 / (kSlack + 1) times); the first such vector opens it.
-/// Values below it (0 < |v| < 2^(elo-127): rare) and bad values take exact_add_one. A lane
-/// takes 2^10 adds between flushes. Any window gives the same integers (they are exact), so
+/// Values below it (0 < |v| < 2^(elo-127): rare) and bad values take exact_add_one. With
+/// squares the window never reaches below exact::kSquareExactExp (|v| >= 2^-79), so the
+/// lanes only see squares that lie on the square grid, and the values whose squares must be
+/// truncated (see exact_sum.h) all take exact_add_one, which truncates each as ExactBins
+/// does (a row of only such tiny values is all slow path). A lane takes 2^10 adds between
+/// flushes. Any window gives the same integers (they are exact, or truncated per value), so
 /// nothing depends on the order, the vector width or how a row is cut into calls.
 ///
 /// Otherwise the values are buffered and summed by ExactBins (kColumns: exact_add_one per
@@ -299,10 +308,12 @@ class ExactStream<kSquares, kColumns, true> {
   static constexpr int kSlack = 3;            // ehi = the exponent that opened it + kSlack
   static constexpr uint64_t kMaxAdds = 1024;  // adds a lane takes between flushes
   static constexpr uint64_t kBiasBits = 0x4338000000000000ULL;  // bits of 1.5 * 2^52
+  // The lowest elo: with squares, the lowest exponent whose squares are on the grid.
+  static constexpr int kLowest = kSquares ? exact::kSquareExactExp : 1;
 
   void open(int ehi) {
-    ehi_ = std::min(ehi, ExactBins::kExpLimit - 1);
-    elo_ = std::max(1, ehi_ - kWindow);
+    ehi_ = std::min(std::max(ehi, kLowest + kWindow), ExactBins::kExpLimit - 1);
+    elo_ = std::max(kLowest, ehi_ - kWindow);
     top_ = (static_cast<uint32_t>(ehi_ + 1) << 23) - 1;  // the largest |v| bits in the window
     vtop_ = _mm512_set1_epi32(static_cast<int>(top_));
     // 0 < |v| < 2^(elo-127)  <=>  bits(|v|) - 1 < (elo << 23) - 1 (unsigned; 0 wraps high).
@@ -354,7 +365,7 @@ class ExactStream<kSquares, kColumns, true> {
       // Modulo 2^128: exact, since the result lies in [0, 2^116].
       const exact::u128 sq = sl + (sh << 52) - (static_cast<exact::u128>(sm) << 52) -
                              (static_cast<exact::u128>(adds) << 102);
-      add_wide(*t.s2, sq, 2 * elo - 2, false);
+      add_wide(*t.s2, sq, exact::square_shift(elo), false);  // elo >= kSquareExactExp
     }
   }
 

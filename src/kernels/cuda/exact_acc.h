@@ -10,8 +10,11 @@
 // [elo, emax] is then the integer M = ±m * 2^(e-elo), |M| < 2^(24+kWindow) = 2^48, and a thread
 // keeps sum M in int64 and sum M^2 in 128 bits; every kFlush values (and at the end) it adds
 // them, shifted, into its wide sums. The rare value below the window (more than kWindow binades
-// under the row's largest) goes into the wide sums directly. Exact either way, so the
-// integers are those of the CPU (kernels/cpu/exact_bins.h) whatever the split into threads.
+// under the row's largest) goes into the wide sums directly. With squares the window's low end
+// is at least exact::kSquareExactExp, so every square summed fast lies on the square grid, and
+// the squares that exact_sum.h truncates (|v| < 2^-79) all take the direct path, truncated
+// there as on the CPU. Either way the integers are those of the CPU (kernels/cpu/exact_bins.h)
+// whatever the split into threads.
 //
 // Bad values (not finite, |v| >= 2^64: biased exponent >= kExpLimit) are counted and left out,
 // as on the CPU.
@@ -36,9 +39,10 @@ TPNORM_HD inline int exact_good_exponent(uint32_t u) {
   return be < kExactExpLimit ? be : 0;
 }
 
-/// elo for a row whose good values have the largest biased exponent emax.
-TPNORM_HD inline int exact_window_low(int emax) {
-  return emax - kExactWindow > 1 ? emax - kExactWindow : 1;
+/// elo for a row whose good values have the largest biased exponent emax; `lowest` = 1, or
+/// exact::kSquareExactExp for sums of squares.
+TPNORM_HD inline int exact_window_low(int emax, int lowest = 1) {
+  return emax - kExactWindow > lowest ? emax - kExactWindow : lowest;
 }
 
 /// One thread's exact sum of values and, with kSquares, of their squares.
@@ -48,11 +52,12 @@ struct ExactAcc {
   int pending = 0;
   int64_t s = 0;      // sum M, units of 2^(elo-150)
   exact::u128 q = 0;  // sum M^2, units of 2^(2 elo - 300)
-  exact::Sum1 s1;     // units of 2^-149
-  exact::Sum2 s2;     // units of 2^-298 (kSquares only)
+  exact::Sum1 s1;     // units of 2^kValueLsb
+  exact::Sum2 s2;     // units of 2^kSquareLsb (kSquares only)
   int64_t bad = 0;
 
-  TPNORM_HD explicit ExactAcc(int emax) : elo(exact_window_low(emax)) {}
+  TPNORM_HD explicit ExactAcc(int emax)
+      : elo(exact_window_low(emax, kSquares ? exact::kSquareExactExp : 1)) {}
 
   /// Adds the float whose bits are u.
   TPNORM_HD void add(uint32_t u) {
@@ -75,15 +80,17 @@ struct ExactAcc {
     }
     // Below the window (or, defensively, above it): straight into the wide sums.
     exact::add_shifted(s1, neg ? -static_cast<int64_t>(mag) : static_cast<int64_t>(mag), e - 1);
-    if (kSquares) exact::add_shifted_unsigned(s2, mag * mag, 2 * e - 2);
+    if (kSquares)
+      exact::add_shifted_unsigned(s2, exact::square_units(mag, e), exact::square_shift(e));
   }
 
   /// Moves the fast sums into the wide ones (call once more at the end).
   TPNORM_HD void flush() {
     if (s != 0) exact::add_shifted(s1, s, elo - 1);
-    if (kSquares && q != 0) {
-      exact::add_shifted_unsigned(s2, static_cast<uint64_t>(q), 2 * elo - 2);
-      exact::add_shifted_unsigned(s2, static_cast<uint64_t>(q >> 64), 2 * elo - 2 + 64);
+    if (kSquares && q != 0) {  // elo >= kSquareExactExp: q's squares are on the grid
+      const int at = exact::square_shift(elo);
+      exact::add_shifted_unsigned(s2, static_cast<uint64_t>(q), at);
+      exact::add_shifted_unsigned(s2, static_cast<uint64_t>(q >> 64), at + 64);
     }
     s = 0;
     q = 0;

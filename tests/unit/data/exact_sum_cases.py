@@ -4,9 +4,11 @@ integers and fractions (an implementation independent of src/common/exact_sum.h)
 
 Run from this directory: /usr/bin/python3 exact_sum_cases.py > exact_sum_cases.inc
 Each case is a list of (float32 value, repeat count). For the values with |v| < 2^64 that are
-finite ("good"), S1 = sum v * 2^149 and S2 = sum v^2 * 2^298 are integers; mean, variance
-(n S2 - S1^2) / n^2 and mean square are those rationals rounded once to double
-(float(Fraction) rounds correctly). Bad values are only counted.
+finite ("good"), S1 = sum v * 2^149 is an integer and S2 = sum floor(v^2 * 2^204) the sum of
+the squares each truncated to the grid 2^-204 (exact for |v| >= 2^-79); mean S1 / n 2^-149,
+variance max(0, n S2 2^94 - S1^2) / n^2 2^-298 and mean square S2 / n 2^-204 are those
+rationals rounded once to double (float(Fraction) rounds correctly). Bad values are only
+counted.
 """
 import math
 import random
@@ -58,6 +60,19 @@ def cases():
                 [(2.0 ** -24, 3)]))
     out.append(("wide exponents", [(f32(math.ldexp(r.uniform(-1, 1), r.randint(-149, 63))), 1)
                                    for _ in range(500)]))
+    # Squares truncated to the grid: values under 2^-79 (biased exponent < 48), alone and with
+    # larger ones; the two sides of the threshold; values whose squares truncate to 0
+    # (|v| < 2^-102), where the variance from the truncated squares is clamped to 0.
+    out.append(("tiny values around 2^-100",
+                [(f32(math.ldexp(r.uniform(-2, 2), -100)), 1) for _ in range(200)]))
+    out.append(("full significands below and at 2^-79",
+                [(bits_f32((e << 23) | 0x7fffff), 3) for e in range(40, 50)] +
+                [(-bits_f32((e << 23) | 0x555555), 2) for e in range(40, 50)]))
+    out.append(("tiny values and normal ones",
+                [(f32(math.ldexp(r.uniform(-1, 1), r.randint(-149, -60))), 1) for _ in range(300)] +
+                [(f32(r.gauss(0.0, 1.0)), 1) for _ in range(30)]))
+    out.append(("+-2^-110: squares truncate to 0", [(2.0 ** -110, 5), (-(2.0 ** -110), 3)]))
+    out.append(("subnormals and 2^-60", [(bits_f32(0x00012345), 7), (-(2.0 ** -60), 2)]))
     return out
 
 
@@ -75,13 +90,13 @@ def main():
         n = sum(c for v, c in vals if good(v))
         bad = sum(c for v, c in vals if not good(v))
         s1 = sum(Fraction(v) * c for v, c in vals if good(v)) * 2 ** 149
-        s2 = sum(Fraction(v) ** 2 * c for v, c in vals if good(v)) * 2 ** 298
-        assert s1.denominator == 1 and s2.denominator == 1
-        s1, s2 = s1.numerator, s2.numerator
+        s2 = sum(math.floor(Fraction(v) ** 2 * 2 ** 204) * c for v, c in vals if good(v))
+        assert s1.denominator == 1
+        s1 = s1.numerator
         if n:
             mean = float(Fraction(s1, n) / 2 ** 149)
-            var = float(Fraction(n * s2 - s1 * s1, n * n) / 2 ** 298)
-            ms = float(Fraction(s2, n) / 2 ** 298)
+            var = float(Fraction(max(0, n * s2 * 2 ** 94 - s1 * s1), n * n) / 2 ** 298)
+            ms = float(Fraction(s2, n) / 2 ** 204)
         else:
             mean = var = ms = 0.0
         items = ", ".join(f"{{{c_double(v)}, {c}}}" for v, c in vals)
