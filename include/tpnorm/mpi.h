@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "tpnorm/communicator.h"
@@ -14,5 +15,11 @@ namespace tpnorm {
 /// stays the caller's. MPI must be initialised; collective over `comm`.
 /// Throws tpnorm::Error(kCommunication) if MPI fails.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+
+/// Sums of `comm` (one made by make_mpi_communicator; 0 for any other) that went through the
+/// shared-memory window: small sums (at most size_checked_sum_bytes() per rank) when every rank
+/// is on one node and the environment variable TPNORM_SHM is not "0" (read when the
+/// communicator is made; the ranks' minimum decides). The others go as MPI messages.
+uint64_t mpi_shared_memory_sums(const Communicator& comm);
 
 }  // namespace tpnorm

@@ -7,7 +7,8 @@
 // message naming op, rank and call sequence, instead of blocking forever in MPI_Allreduce. No
 // extra thread (MPI_THREAD_FUNNELED suffices, and MPI_Abort is called from the calling thread).
 // Started sums are completed by the same loop when waited, so the watchdog covers them too.
-// Small sums are an exchange of point-to-point messages instead (see kExchangeBytes).
+// Small sums are an exchange instead (see kExchangeBytes): through a shared-memory window
+// (comm/shm_exchange.h) when every rank is on this node, else point-to-point messages.
 #include "tpnorm/mpi.h"
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 
 #include "comm/mpi_check.h"
 #include "comm/mpi_util.h"
+#include "comm/shm_exchange.h"
 #include "common/check.h"
 
 namespace tpnorm {
@@ -34,6 +36,9 @@ class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm parent) {
     detail::dup_comm(parent, &comm_, &rank_, &size_);
+    // Collective (every rank constructs): the window, or nullptr on every rank alike.
+    shm_ = detail::ShmExchange::create(comm_, rank_, size_, size_checked_sum_bytes(),
+                                       detail::ShmExchange::enabled_by_env());
     // Every call checks the header first: its sum is non-blocking and hides under the partial
     // (see README "Agreement on every call").
     set_default_strict_calls(-1);
@@ -47,6 +52,7 @@ class MpiCommunicator final : public Communicator {
     for (Pending& p : pending_) complete(p, /*may_throw=*/false);
     for (Retired& r : retired_)
       MPI_Waitall(static_cast<int>(r.reqs.size()), r.reqs.data(), MPI_STATUSES_IGNORE);
+    shm_.reset();  // collective, like the communicator's free
     MPI_Comm_free(&comm_);
   }
   [[noreturn]] void abort_job(const std::string& message) override {
@@ -61,10 +67,11 @@ class MpiCommunicator final : public Communicator {
   size_t size_checked_sum_bytes() const override {
     return size_ > 1 ? kExchangeBytes / static_cast<size_t>(size_ - 1) : SIZE_MAX;
   }
+  uint64_t shared_memory_sums() const { return shm_ ? shm_->sums() : 0; }
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
-    if (!(timeout() > 0)) {  // watchdog off: the blocking call, which costs less (see README)
+    if (!(timeout() > 0) && !(shm_ && exchanges(count * dtype_size(dtype)))) {  // watchdog off: the blocking call, which costs less (see README)
       const MPI_Datatype type = mpi_type(dtype);
       for_each_chunk(buf, count, dtype, [&](void* at, int n) {
         TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, at, n, type, MPI_SUM, comm_));
@@ -98,6 +105,9 @@ class MpiCommunicator final : public Communicator {
     std::vector<MPI_Request> reqs;
     const char* op = nullptr;
     uint64_t sequence = 0;
+    // Through the shared-memory window: sum number nth of shm_ (nothing else below is used).
+    bool shm = false;
+    uint64_t nth = 0;
     // The exchange (see start): the sum's buffer and the other ranks' contributions.
     bool exchange = false;
     int pieces = 0;            // messages per peer (of this rank's own count)
@@ -156,6 +166,13 @@ class MpiCommunicator final : public Communicator {
     // Every sum of this communicator, in start order (the same on every rank), so that
     // exchanges in flight together, waited in any order, never take each other's messages.
     const uint64_t nth = started_++;
+    if (shm_ && exchanges(bytes)) {
+      (void)mpi_type(dtype);  // refuses other types, as the paths below do
+      p.shm = true;
+      p.nth = nth;
+      shm_->start(nth, buf, static_cast<int>(count), dtype, idle(p));
+      return p;
+    }
     if (exchanges(bytes)) {
       p.exchange = true;
       p.tag = kExchangeTag + 2 * static_cast<int>(nth % kExchangeTags);
@@ -207,6 +224,7 @@ class MpiCommunicator final : public Communicator {
   // Waits for a started sum: its MPI_Iallreduce requests, or the exchange's receives (first
   // pieces, then the rest of each peer's pieces as its count says) and the sum in rank order.
   void complete(Pending& p, bool may_throw) {
+    if (p.shm) return shm_->finish(p.nth, idle(p), may_throw);
     retire_sends(p);  // p.reqs: receives only
     if (!p.exchange) {
       poll(p.reqs, MPI_STATUSES_IGNORE, p, may_throw);
@@ -264,13 +282,11 @@ class MpiCommunicator final : public Communicator {
     if (!same) {
       if (!may_throw) return;
       // Every rank holds every count: the same message everywhere.
-      std::string s =
-          "tpnorm: all_reduce_sum: the ranks disagree on the size of a sum: counts "
-          "by rank [";
+      std::vector<int> by_rank(static_cast<size_t>(size_));
       for (int r = 0; r < size_; ++r)
-        s += (r ? ", " : "") +
-             std::to_string(r == rank_ ? p.count : counts[static_cast<size_t>(r - (r > rank_))]);
-      throw Error(ErrorCode::kMismatch, s + "]");
+        by_rank[static_cast<size_t>(r)] =
+            r == rank_ ? p.count : counts[static_cast<size_t>(r - (r > rank_))];
+      throw Error(ErrorCode::kMismatch, detail::count_mismatch_message(by_rank));
     }
     switch (p.dtype) {
       case DType::F64:
@@ -311,6 +327,24 @@ class MpiCommunicator final : public Communicator {
         MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);  // the whole job, not only this group
       }
     }
+  }
+
+  // What a rank does while it waits for its peers' shared-memory slots: the watchdog's check
+  // (as in poll) and MPI's progress, which a peer waiting in an MPI_Iallreduce (or for the
+  // exchange's sends) needs from this rank.
+  detail::ShmExchange::Idle idle(const Pending& p) {
+    const bool watch = timeout() > 0;
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(watch ? timeout() : 0.0);
+    return [this, watch, deadline, op = p.op, sequence = p.sequence] {
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
+      if (watch && std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "%s\n", watchdog_message(op, sequence).c_str());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);  // the whole job, not only this group
+      }
+    };
   }
 
   bool exchanges(size_t bytes) const {
@@ -355,6 +389,7 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   std::vector<Pending> pending_;  // started, not yet waited, in start order
   uint64_t started_ = 0;          // sums started so far (blocking ones too)
+  std::unique_ptr<detail::ShmExchange> shm_;  // null: not all on one node, or TPNORM_SHM=0
 
   // Exchange sends still in flight after their sum was waited, with the copy they read.
   struct Retired {
@@ -389,6 +424,11 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
   return std::make_unique<MpiCommunicator>(comm);
+}
+
+uint64_t mpi_shared_memory_sums(const Communicator& comm) {
+  const auto* m = dynamic_cast<const MpiCommunicator*>(&comm);
+  return m ? m->shared_memory_sums() : 0;
 }
 
 }  // namespace tpnorm
