@@ -71,7 +71,9 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
-    if (!(timeout() > 0) && !(shm_ && exchanges(count * dtype_size(dtype)))) {  // watchdog off: the blocking call, which costs less (see README)
+    if (!(timeout() > 0) &&
+        !(shm_ && exchanges(count * dtype_size(dtype)))) {  // watchdog off: the blocking call,
+                                                            // which costs less (see README)
       const MPI_Datatype type = mpi_type(dtype);
       for_each_chunk(buf, count, dtype, [&](void* at, int n) {
         TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, at, n, type, MPI_SUM, comm_));
@@ -334,8 +336,8 @@ class MpiCommunicator final : public Communicator {
   // exchange's sends) needs from this rank.
   detail::ShmExchange::Idle idle(const Pending& p) {
     const bool watch = timeout() > 0;
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration<double>(watch ? timeout() : 0.0);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(watch ? timeout() : 0.0);
     return [this, watch, deadline, op = p.op, sequence = p.sequence] {
       int flag = 0;
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
@@ -387,8 +389,8 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  std::vector<Pending> pending_;  // started, not yet waited, in start order
-  uint64_t started_ = 0;          // sums started so far (blocking ones too)
+  std::vector<Pending> pending_;              // started, not yet waited, in start order
+  uint64_t started_ = 0;                      // sums started so far (blocking ones too)
   std::unique_ptr<detail::ShmExchange> shm_;  // null: not all on one node, or TPNORM_SHM=0
 
   // Exchange sends still in flight after their sum was waited, with the copy they read.

@@ -14,7 +14,8 @@
 namespace tpnorm::detail {
 
 std::string count_mismatch_message(const std::vector<int>& counts) {
-  std::string s = "tpnorm: all_reduce_sum: the ranks disagree on the size of a sum: counts by rank [";
+  std::string s =
+      "tpnorm: all_reduce_sum: the ranks disagree on the size of a sum: counts by rank [";
   for (size_t r = 0; r < counts.size(); ++r) s += (r ? ", " : "") + std::to_string(counts[r]);
   return s + "]";
 }
@@ -48,8 +49,8 @@ ShmExchange::ShmExchange(MPI_Comm comm, int rank, int size, size_t max_bytes)
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
   char* mine = nullptr;
-  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(kSlots * stride_), 1, info, comm,
-                                         &mine, &win_);
+  const int rc =
+      MPI_Win_allocate_shared(static_cast<MPI_Aint>(kSlots * stride_), 1, info, comm, &mine, &win_);
   MPI_Info_free(&info);
   TPNORM_CHECK(MPI, rc);
   for (uint64_t s = 0; s < kSlots; ++s) {
@@ -139,7 +140,8 @@ void ShmExchange::collect(Sum& s, const Idle& idle) {
       continue;
     }
     const uint64_t c = head(q, s.n).count.load(std::memory_order_relaxed);
-    counts[static_cast<size_t>(q)] = c > static_cast<uint64_t>(INT32_MAX) ? -1 : static_cast<int>(c);
+    counts[static_cast<size_t>(q)] =
+        c > static_cast<uint64_t>(INT32_MAX) ? -1 : static_cast<int>(c);
   }
   const bool same = std::all_of(counts.begin(), counts.end(), [&](int c) { return c == s.count; });
   if (foreign >= 0) {

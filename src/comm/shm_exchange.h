@@ -106,7 +106,7 @@ class ShmExchange {
     DType dtype = DType::F64;
     bool collected = false;  // the peers' contributions were read (and added, or refused)
     ErrorCode code = ErrorCode::kMismatch;
-    std::string error;       // set when collected with an error; thrown by finish
+    std::string error;  // set when collected with an error; thrown by finish
   };
   Sum* find(uint64_t n);
   // Per slot of this rank's ring: how often it was written, and the last sum written there.
