@@ -127,6 +127,20 @@ inline V xhat_at(const T* xr, int64_t j, float mh, float mt, float rs) {
   return ((load_as<V>(xr + j) - splat<V>(mh)) - splat<V>(mt)) * splat<V>(rs);
 }
 
+// xhat_at with the subtractions of a known +0 skipped (v - (+0) is v, bit for bit, -0 and NaN
+// included): kM = kRms, no mean (mh = mt = 0); kM = kHead, a mean saved as float32, whose split
+// has no tail (mt = 0); kM = kFull, both terms.
+constexpr int kRms = 0, kHead = 1, kFull = 2;
+template <int kM, class V, class T>
+inline V xhat_of(const T* xr, int64_t j, float mh, float mt, float rs) {
+  if constexpr (kM == kFull)
+    return xhat_at<V>(xr, j, mh, mt, rs);
+  else if constexpr (kM == kHead)
+    return (load_as<V>(xr + j) - splat<V>(mh)) * splat<V>(rs);
+  else
+    return load_as<V>(xr + j) * splat<V>(rs);
+}
+
 // One row's backward partial: centred {sum g, sum g*xhat} or RMS {sum g*xhat} into st.
 template <class T, class P, class W>
 inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const P* gamma, float mh,
@@ -204,21 +218,20 @@ struct ParamSums {
 // Columns [j0, j1) of G rows in one pass: with kSums each row's block sums {sum g, sum g*xhat}
 // (float lanes in two chains, then added in W: block_sums' order exactly, so the same bits),
 // with kParams dgf += dy*xhat, dbf += dy, rows in order (the same bits as row by row).
-template <int G, bool kSums, bool kParams, class T, class P, class W>
+template <int G, bool kSums, bool kParams, int kM, class T, class P, class W>
 inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_t j1, float* dgf,
                        float* dbf) {
   constexpr int64_t L = vf::L;
+  constexpr bool kC = kM != kRms;
   const T* xr[G];
   const T* dr[G];
   const T* px[G];
-  const T* py[G];
   float mh[G], mt[G], rs[G];
   vf u0[G], v0[G], u1[G], v1[G];
   for (int i = 0; i < G; ++i) {
     xr[i] = rw[i].x;
     dr[i] = rw[i].dy;
     px[i] = rw[i].pfx;
-    py[i] = rw[i].pfy;
     mh[i] = rw[i].mh;
     mt[i] = rw[i].mt;
     rs[i] = rw[i].rs;
@@ -229,36 +242,35 @@ inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_
     using V = std::remove_reference_t<decltype(*u)>;
     V gm{}, pg{}, pb{};
     if (kSums && gamma) gm = load_as<V>(gamma + j);
-    if constexpr (kParams) pg = load_as<V>(dgf + j), pb = load_as<V>(dbf + j);
+    if constexpr (kParams) pg = load_as<V>(dgf + j);
+    if constexpr (kParams && kC) pb = load_as<V>(dbf + j);
     for (int i = 0; i < G; ++i) {
       const V d = load_as<V>(dr[i] + j);
-      const V xhat = xhat_at<V>(xr[i], j, mh[i], mt[i], rs[i]);
+      const V xhat = xhat_of<kM, V>(xr[i], j, mh[i], mt[i], rs[i]);
       if constexpr (kSums) {
         const V g = gamma ? d * gm : d;
-        u[i] += g;
+        if constexpr (kC) u[i] += g;
         v[i] += g * xhat;
       }
       if constexpr (kParams) {
         pg = fmadd(d, xhat, pg);
-        pb = pb + d;
+        if constexpr (kC) pb = pb + d;
       }
     }
-    if constexpr (kParams) store_as(dgf + j, pg), store_as(dbf + j, pb);
+    if constexpr (kParams) store_as(dgf + j, pg);
+    if constexpr (kParams && kC) store_as(dbf + j, pb);
   };
   int64_t j = j0;
   for (; j + 2 * L <= j1; j += 2 * L) {
     for (int i = 0; i < G; ++i)
-      if (px[i]) {
-        __builtin_prefetch(px[i] + j, 0, 2), __builtin_prefetch(px[i] + j + L, 0, 2);
-        __builtin_prefetch(py[i] + j, 0, 2), __builtin_prefetch(py[i] + j + L, 0, 2);
-      }
+      if (px[i]) __builtin_prefetch(px[i] + j, 0, 2), __builtin_prefetch(px[i] + j + L, 0, 2);
     step(j, u0, v0);
     step(j + L, u1, v1);
   }
   for (; j + L <= j1; j += L) step(j, u0, v0);
   float f1[G], f2[G];
   for (int i = 0; i < G; ++i) {
-    f1[i] = kSums ? hsum(u0[i] + u1[i]) : 0.0f;
+    f1[i] = kSums && kC ? hsum(u0[i] + u1[i]) : 0.0f;
     f2[i] = kSums ? hsum(v0[i] + v1[i]) : 0.0f;
   }
   for (; j < j1; ++j) step(j, f1, f2);
@@ -269,14 +281,14 @@ inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_
     }
 }
 
-template <bool kSums, bool kParams, class T, class P, class W>
+template <bool kSums, bool kParams, int kM, class T, class P, class W>
 inline void group_pass(int g, BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_t j1,
                        float* dgf, float* dbf) {
   switch (g) {
-    case 1: return group_pass<1, kSums, kParams>(rw, gamma, j0, j1, dgf, dbf);
-    case 2: return group_pass<2, kSums, kParams>(rw, gamma, j0, j1, dgf, dbf);
-    case 3: return group_pass<3, kSums, kParams>(rw, gamma, j0, j1, dgf, dbf);
-    default: return group_pass<kGroup, kSums, kParams>(rw, gamma, j0, j1, dgf, dbf);
+    case 1: return group_pass<1, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
+    case 2: return group_pass<2, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
+    case 3: return group_pass<3, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
+    default: return group_pass<kGroup, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
   }
 }
 
@@ -288,10 +300,13 @@ inline void group_pass(int g, BackwardRow<T, W>* rw, const P* gamma, int64_t j0,
 //   whose sums are complete and whose rows are still in L2, writes dx. x and dy are read from
 //   memory once, and the reads are spread over the whole kernel instead of alternating with
 //   phases of arithmetic and writes (the row-by-row form left memory idle while it wrote dx).
-// The group pass prefetches the same columns one group on (kGroup rows of 4 KiB are as many
-// pages, on each of which the hardware prefetcher starts cold).
-template <class T, class P, class W, class S>
+// The same columns one group on are prefetched (kGroup rows of 4 KiB are as many pages, on each
+// of which the hardware prefetcher starts cold): x by the group pass, dy by the dx loop, so that
+// reads are requested through both phases (all of them in the group pass left memory idle while
+// dx was written: 10 % slower at [65536, 1024]).
+template <int kM, class T, class P, class W, class S>
 struct BackwardRows {
+  static constexpr bool kC = kM != kRms;
   const RowNormArgs& a;
   const T* dy;
   const T* x;
@@ -331,9 +346,9 @@ struct BackwardRows {
       const int64_t j1 = std::min(h, j0 + kBlock);
       if (ga > 0) {
         if (ps)
-          group_pass<kSums, true>(ga, A, gamma, j0, j1, ps->dgf, ps->dbf);
+          group_pass<kSums, true, kM>(ga, A, gamma, j0, j1, ps->dgf, ps->dbf);
         else
-          group_pass<kSums, false>(ga, A, gamma, j0, j1, nullptr, nullptr);
+          group_pass<kSums, false, kM>(ga, A, gamma, j0, j1, nullptr, nullptr);
       }
       for (int i = 0; i < gb; ++i) {
         const BackwardRow<T, W>& w = B[i];
@@ -344,15 +359,20 @@ struct BackwardRows {
         const T* dyr = w.dy + lo;
         const float mh = w.mh, mt = w.mt, rs = w.rs, c1 = w.c1, c2 = w.c2;
         const P* gm = gamma ? gamma + lo : nullptr;
-        // Without a group pass B reads memory itself, and prefetches as the group pass would.
+        // The group pass prefetches A's x one group on, and the dx loop A's dy (so that memory
+        // reads are requested through both phases); without a group pass, B's own x and dy.
         const T* p1 = ga == 0 && w.pfx ? w.pfx + lo : none;
         const T* p2 = ga == 0 && w.pfy ? w.pfy + lo : none;
+        if (i < ga && A[i].pfy) p2 = A[i].pfy + lo;
         write_row(w.dx + lo, hi - lo, stream, p1, p2, [=](int64_t j, auto tag) {
           using V = decltype(tag);
-          const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
+          const V xhat = xhat_of<kM, V>(xr, j, mh, mt, rs);
           const V d = load_as<V>(dyr + j);
           const V g = gm ? d * load_as<V>(gm + j) : d;
-          return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
+          if constexpr (kC)
+            return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
+          else
+            return splat<V>(rs) * (g - xhat * splat<V>(c2));
         });
       }
     }
@@ -493,8 +513,13 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
   const int64_t slots = params ? param_slots(a) : 0;
   std::vector<double> own(params && !a.param_acc ? static_cast<size_t>(slots) * 2 * h : 0, 0.0);
   double* acc = a.param_acc ? a.param_acc : own.data();
-  const BackwardRows<T, P, W, S> k{a, dy, x, gamma, mean, rstd, stats, n, dx,
-                                   stream_rows<T>(a, 3)};
+  const bool stream = stream_rows<T>(a, 3);
+  // The same arithmetic with the terms that are known to be +0 skipped (xhat_of): RMSNorm
+  // without dbeta (x - 0, g - c1 with c1 = 0, sum g, dbeta), or the tail of a float32 mean.
+  constexpr int kMean = std::is_same_v<S, float> ? kHead : kFull;
+  const BackwardRows<kMean, T, P, W, S> k{a, dy, x, gamma, mean, rstd, stats, n, dx, stream};
+  const BackwardRows<kRms, T, P, W, S> kr{a, dy, x, gamma, mean, rstd, stats, n, dx, stream};
+  const bool rms = !a.centered && !dbeta;
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
@@ -510,10 +535,13 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
       const int64_t r0 = fixed ? std::max<int64_t>(0, (first + item) * span - a.row0) : item;
       const int64_t r1 = fixed ? std::min(a.rows, (first + item + 1) * span - a.row0) : last;
       if (params) ps.bind(acc + static_cast<size_t>(slot) * 2 * h);
-      k.segment(r0, r1, params ? &ps : nullptr);
+      if (rms)
+        kr.segment(r0, r1, params ? &ps : nullptr);
+      else
+        k.segment(r0, r1, params ? &ps : nullptr);
       item = last;
     }
-    if (k.stream) stream_fence();
+    if (stream) stream_fence();
   }
   if (!params || (a.param_acc && !a.param_last)) return;
   for (int64_t j = 0; j < h; ++j) {
