@@ -47,14 +47,34 @@ void agree_common(PackedCall& call, const TensorView& x, const kc::BatchNormArgs
   call.agree("stats", static_cast<double>(opt.stats));
 }
 
+// Entries [begin, end) of v into t (end -1: all of v).
 template <class S>
-void store(const TensorView& t, const std::vector<double>& v) {
+void store(const TensorView& t, const std::vector<double>& v, int64_t begin, int64_t end) {
   S* p = static_cast<S*>(t.data);
-  for (size_t i = 0; i < v.size(); ++i) p[i] = static_cast<S>(v[i]);
+  for (int64_t i = begin; i < end; ++i) p[i] = static_cast<S>(v[i]);
 }
-void store_stat(const TensorView& t, const std::vector<double>& v) {
+void store_stat(const TensorView& t, const std::vector<double>& v, int64_t begin = 0,
+                int64_t end = -1) {
   if (!t.present()) return;
-  dispatch_acc(t.dtype, [&](auto s) { store<decltype(s)>(t, v); });
+  if (end < 0) end = static_cast<int64_t>(v.size());
+  dispatch_acc(t.dtype, [&](auto s) { store<decltype(s)>(t, v, begin, end); });
+}
+
+// Channel chunks (OpSpec::partial_rows, ops/chunking.h: the rows are channels, 2 payload values
+// each): NCHW only (a channels-last chunk would be a column slice of every row), float wires
+// only (kExact's kernels take the whole call). The same bits per channel as the whole call.
+ChunkRows whole(int64_t c) { return {0, c, true, true, c}; }
+kc::BatchNormArgs channels_of(kc::BatchNormArgs a, const ChunkRows& r) {
+  a.c_begin = r.begin;
+  a.c_end = r.end;
+  return a;
+}
+bool chunkable_bn(const kc::BatchNormArgs& a, Stats stats, bool on_device) {
+  return !on_device && !a.channels_last && stats != Stats::kExact;
+}
+ChunkInfo bn_chunk_info(const kc::BatchNormArgs& a, const TensorView& x, bool forward) {
+  const auto reread = static_cast<int64_t>(dtype_size(x.dtype)) * (forward ? 1 : 2);
+  return {a.c, 2, reread, a.n * a.inner * a.c * reread};
 }
 
 std::vector<double> load_stat(const TensorView& t, int64_t c) {
@@ -129,44 +149,64 @@ class BnForwardOp final : public SpecOf<BnForward> {
         [&](const auto* x, int64_t* limbs) { kc::bn_exact_partial_forward(f_.a, x, limbs); },
         [&](const auto* x, auto* sums) { kc::bn_partial_forward(f_.a, x, sums); });
   }
-  void apply(PackedCall& call) override {
+  void apply(PackedCall& call) override { apply_channels(call, whole(f_.a.c)); }
+
+  bool chunkable(bool on_device) const override {
+    return f_.batch_stats && chunkable_bn(f_.a, f_.opt.stats, on_device);
+  }
+  ChunkInfo chunk_info() const override { return bn_chunk_info(f_.a, f_.x, true); }
+  void partial_rows(PackedCall& call, const ChunkRows& r) override {
+    dispatch_forward_partial(
+        f_.x, call.wire(), call.payload_data(), [](const auto*, int64_t*) {},
+        [&](const auto* x, auto* sums) { kc::bn_partial_forward(channels_of(f_.a, r), x, sums); });
+  }
+  void apply_rows(PackedCall& call, const ChunkRows& r) override { apply_channels(call, r); }
+
+ private:
+  // Channels [r.begin, r.end) of the outputs (the whole call, or a chunk); the checks of the
+  // summed count in the first chunk, before anything is written.
+  void apply_channels(PackedCall& call, const ChunkRows& r) {
     const int64_t c = f_.a.c;
     std::vector<double> mean(c), invstd(c), var(c);
     if (f_.batch_stats) {
       const double n = call.global_count();
-      check_naive_count(f_.opt.stats, n, name(), "channel");
-      if (n <= 1)  // the same n on every rank, so every rank throws here together
-        throw Error(ErrorCode::kInvalidArgument,
-                    std::string("tpnorm: ") + name() + ": expected more than 1 value per channel " +
-                        "over all ranks, got " + std::to_string(static_cast<int64_t>(n)));
+      if (r.first) check_count(n);
       if (fused_) return fused_apply(call, n);
       if (call.wire() == DType::I64)
         kc::bn_exact_moments(c, call.payload<int64_t>(), n, mean.data(), var.data());
       else
         dispatch_acc(call.wire(), [&](auto w) {
-          kc::bn_moments(c, call.payload<decltype(w)>(), n, mean.data(), var.data());
+          kc::bn_moments(r.end - r.begin, call.payload<decltype(w)>() + 2 * r.begin, n,
+                         mean.data() + r.begin, var.data() + r.begin);
         });
-      if (f_.opt.training && f_.tracking) update_running(mean, var, n);
+      if (f_.opt.training && f_.tracking) update_running(mean, var, n, r);
     } else {
       mean = load_stat(f_.running_mean, c);
       var = load_stat(f_.running_var, c);
     }
-    for (int64_t i = 0; i < c; ++i) invstd[i] = 1.0 / std::sqrt(var[i] + f_.opt.eps);
+    for (int64_t i = r.begin; i < r.end; ++i) invstd[i] = 1.0 / std::sqrt(var[i] + f_.opt.eps);
     dispatch_storage(f_.x.dtype, [&](auto t) {
       using T = decltype(t);
       dispatch_params<T>(f_.param, [&](auto p) {
         using P = decltype(p);
-        kc::bn_apply_forward<T, P, double>(f_.a, static_cast<const T*>(f_.x.data),
+        kc::bn_apply_forward<T, P, double>(channels_of(f_.a, r), static_cast<const T*>(f_.x.data),
                                            static_cast<const P*>(f_.gamma.data),
                                            static_cast<const P*>(f_.beta.data), mean.data(),
                                            invstd.data(), static_cast<T*>(f_.y.data));
       });
     });
-    store_stat(f_.save_mean, mean);
-    store_stat(f_.save_invstd, invstd);
+    store_stat(f_.save_mean, mean, r.begin, r.end);
+    store_stat(f_.save_invstd, invstd, r.begin, r.end);
   }
 
- private:
+  void check_count(double n) const {
+    check_naive_count(f_.opt.stats, n, name(), "channel");
+    if (n <= 1)  // the same n on every rank, so every rank throws here together
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("tpnorm: ") + name() + ": expected more than 1 value per channel " +
+                      "over all ranks, got " + std::to_string(static_cast<int64_t>(n)));
+  }
+
   // One rank: statistics and outputs channel by channel (the same bits as the partial + reduce +
   // apply above), then the running and saved statistics as there.
   void fused_apply(PackedCall& call, double n) {
@@ -184,23 +224,26 @@ class BnForwardOp final : public SpecOf<BnForward> {
         });
       });
     });
-    if (f_.opt.training && f_.tracking) update_running(mean, var, n);
+    if (f_.opt.training && f_.tracking) update_running(mean, var, n, whole(c));
     store_stat(f_.save_mean, mean);
     store_stat(f_.save_invstd, invstd);
   }
 
-  void update_running(const std::vector<double>& mean, const std::vector<double>& var, double n) {
+  // Channels [r.begin, r.end) of the running statistics; num_batches_tracked counts the call
+  // once, in its last chunk.
+  void update_running(const std::vector<double>& mean, const std::vector<double>& var, double n,
+                      const ChunkRows& r) {
     const int64_t tracked = f_.num_batches_tracked ? *f_.num_batches_tracked + 1 : 0;
     const double m = f_.cumulative ? 1.0 / static_cast<double>(tracked) : f_.opt.momentum;
     std::vector<double> rm = load_stat(f_.running_mean, f_.a.c);
     std::vector<double> rv = load_stat(f_.running_var, f_.a.c);
-    for (int64_t c = 0; c < f_.a.c; ++c) {
+    for (int64_t c = r.begin; c < r.end; ++c) {
       rm[c] = (1 - m) * rm[c] + m * mean[c];
       rv[c] = (1 - m) * rv[c] + m * var[c] * n / (n - 1);  // unbiased, as PyTorch
     }
-    store_stat(f_.running_mean, rm);
-    store_stat(f_.running_var, rv);
-    if (f_.num_batches_tracked) *f_.num_batches_tracked = tracked;
+    store_stat(f_.running_mean, rm, r.begin, r.end);
+    store_stat(f_.running_var, rv, r.begin, r.end);
+    if (f_.num_batches_tracked && r.last) *f_.num_batches_tracked = tracked;
   }
 
   const BnForward& f_ = args_;
@@ -244,23 +287,43 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
     if (call.wire() == DType::I64) return exact_partial(call);
     fused_ = b_.fuses();
     if (fused_) return;  // the apply computes the sums (the payload stays zero)
+    partial_channels(call, whole(b_.a.c));
+  }
+  void apply(PackedCall& call) override {
+    if (call.wire() == DType::I64) return exact_apply(call);
+    apply_channels(call, whole(b_.a.c));
+  }
+
+  bool chunkable(bool on_device) const override {
+    return b_.opt.training && chunkable_bn(b_.a, b_.opt.stats, on_device);
+  }
+  ChunkInfo chunk_info() const override { return bn_chunk_info(b_.a, b_.x, false); }
+  void partial_rows(PackedCall& call, const ChunkRows& r) override {
+    if (r.first) local_.assign(static_cast<size_t>(2 * b_.a.c), 0.0);
+    partial_channels(call, r);
+  }
+  void apply_rows(PackedCall& call, const ChunkRows& r) override { apply_channels(call, r); }
+
+ private:
+  void partial_channels(PackedCall& call, const ChunkRows& r) {
     dispatch(call, [&](auto t, auto w, auto s) {
       using T = decltype(t);
       using W = decltype(w);
       using S = decltype(s);
       W* p = call.payload<W>();
-      kc::bn_partial_backward<T, W, S>(b_.a, static_cast<const T*>(b_.dy.data),
+      kc::bn_partial_backward<T, W, S>(channels_of(b_.a, r), static_cast<const T*>(b_.dy.data),
                                        static_cast<const T*>(b_.x.data),
                                        static_cast<const S*>(b_.save_mean.data), p);
-      for (size_t i = 0; i < local_.size(); ++i) local_[i] = p[i];
+      for (int64_t i = 2 * r.begin; i < 2 * r.end; ++i) local_[i] = p[i];
     });
   }
-  void apply(PackedCall& call) override {
-    if (call.wire() == DType::I64) return exact_apply(call);
+
+  // dx and dgamma / dbeta of channels [r.begin, r.end) (the whole call, or a chunk).
+  void apply_channels(PackedCall& call, const ChunkRows& r) {
     double n = 0;
     if (b_.opt.training) {
       n = call.global_count();
-      check_naive_count(b_.opt.stats, n, name(), "channel");
+      if (r.first) check_naive_count(b_.opt.stats, n, name(), "channel");
     }
     if (fused_) return fused_apply(call, n);
     if (!b_.opt.training) {
@@ -276,16 +339,15 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
       dispatch_params<T>(b_.param, [&](auto p) {
         using P = decltype(p);
         kc::bn_apply_backward<T, P, W, S>(
-            b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
-            static_cast<const P*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
-            static_cast<const S*>(b_.save_invstd.data), call.payload<W>(), n,
-            static_cast<T*>(b_.dx.data));
-        param_grads<P, S>();
+            channels_of(b_.a, r), static_cast<const T*>(b_.dy.data),
+            static_cast<const T*>(b_.x.data), static_cast<const P*>(b_.gamma.data),
+            static_cast<const S*>(b_.save_mean.data), static_cast<const S*>(b_.save_invstd.data),
+            call.payload<W>(), n, static_cast<T*>(b_.dx.data));
+        param_grads<P, S>(r);
       });
     });
   }
 
- private:
   template <class Fn>
   void dispatch(PackedCall& call, Fn&& fn) {
     dispatch_kernel_types(b_.x.dtype, call.wire(), b_.save_mean.dtype, fn);
@@ -306,7 +368,7 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
             static_cast<const P*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
             static_cast<const S*>(b_.save_invstd.data), n, sums, static_cast<T*>(b_.dx.data));
         for (size_t i = 0; i < local_.size(); ++i) local_[i] = sums[i];
-        param_grads<P, S>();
+        param_grads<P, S>(whole(b_.a.c));
       });
     });
   }
@@ -344,17 +406,20 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
             static_cast<const P*>(b_.gamma.data), static_cast<const S*>(b_.save_mean.data),
             static_cast<const S*>(b_.save_invstd.data), sums.data(), n,
             static_cast<T*>(b_.dx.data));
-        param_grads<P, S>();
+        param_grads<P, S>(whole(b_.a.c));
       });
     });
   }
 
-  // dgamma / dbeta (P: the parameter type) from this rank's partials.
+  // dgamma / dbeta of channels [r.begin, r.end) (P: the parameter type) from this rank's
+  // partials.
   template <class P, class S>
-  void param_grads() {
-    kc::bn_param_grads<P, double, S>(
-        b_.a.c, local_.data(), static_cast<const S*>(b_.save_invstd.data),
-        static_cast<P*>(b_.dgamma.data), static_cast<P*>(b_.dbeta.data));
+  void param_grads(const ChunkRows& r) {
+    auto* dg = static_cast<P*>(b_.dgamma.data);
+    auto* db = static_cast<P*>(b_.dbeta.data);
+    kc::bn_param_grads<P, double, S>(r.end - r.begin, local_.data() + 2 * r.begin,
+                                     static_cast<const S*>(b_.save_invstd.data) + r.begin,
+                                     dg ? dg + r.begin : dg, db ? db + r.begin : db);
   }
 
   const BnBackward& b_ = args_;

@@ -80,8 +80,9 @@ template <class W, class T, class Term>
 void channel_sums(const BatchNormArgs& a, W* out, const T* pf1, const T* pf2, Term term) {
   const int64_t c = a.c, inner = a.inner;
   if (!a.channels_last) {
-#pragma omp parallel for num_threads(thread_count(a.threads, c)) schedule(static)
-    for (int64_t ch = 0; ch < c; ++ch)
+    const int64_t c0 = a.c_begin, c1 = a.channel_end();
+#pragma omp parallel for num_threads(thread_count(a.threads, c1 - c0)) schedule(static)
+    for (int64_t ch = c0; ch < c1; ++ch)
       plane_sums(a, ch, pf1, pf2, term, out[2 * ch], out[2 * ch + 1]);
     return;
   }
@@ -148,12 +149,15 @@ void apply_elements(const BatchNormArgs& a, const T* in1, const T* in2, T* out, 
                 [value, k, lo = lo](int64_t j, auto tag) { return value(lo + j, k(lo + j), tag); });
   };
   if (!a.channels_last) {
-    const int64_t planes = a.n * c;
+    // Planes (b, ch) of channels [c0, c1) in memory order.
+    const int64_t c0 = a.c_begin, r = a.channel_end() - c0, planes = a.n * r;
 #pragma omp parallel num_threads(thread_count(a.threads, planes))
     {
 #pragma omp for schedule(static)
-      for (int64_t bc = 0; bc < planes; ++bc)
-        run(bc * inner, (bc + 1) * inner, [ch = bc % c](int64_t) { return PlaneChannel{ch}; });
+      for (int64_t i = 0; i < planes; ++i) {
+        const int64_t ch = c0 + i % r, bc = i / r * c + ch;
+        run(bc * inner, (bc + 1) * inner, [ch](int64_t) { return PlaneChannel{ch}; });
+      }
       if (stream) stream_fence();
     }
   } else {
@@ -316,12 +320,13 @@ void bn_partial_forward(const BatchNormArgs& a, const T* x, W* stats) {
   // pivot (common/pivot.h), shifted back exactly enough. Naive: pivot 0.
   std::vector<float> pivot(a.c, 0.0f);
   const int64_t m = a.n * a.inner;
+  const int64_t c0 = a.c_begin, c1 = a.channel_end();
   if (std::is_same_v<W, double>)
-    for (int64_t ch = 0; ch < a.c; ++ch)
+    for (int64_t ch = c0; ch < c1; ++ch)
       pivot[ch] = detail::channel_pivot(x, a.n, a.c, a.inner, a.channels_last, ch);
   const T* none = nullptr;
   channel_sums<W>(a, stats, x, none, forward_term(x, pivot.data()));
-  for (int64_t ch = 0; ch < a.c; ++ch) unpivot(pivot[ch], m, stats[2 * ch], stats[2 * ch + 1]);
+  for (int64_t ch = c0; ch < c1; ++ch) unpivot(pivot[ch], m, stats[2 * ch], stats[2 * ch + 1]);
 }
 
 template <class W>
@@ -334,7 +339,8 @@ template <class T, class P, class S>
 void bn_apply_forward(const BatchNormArgs& a, const T* x, const P* gamma, const P* beta,
                       const S* mean, const S* invstd, T* y) {
   ForwardConstants k(a.c);
-  for (int64_t ch = 0; ch < a.c; ++ch) k.set(ch, gamma, beta, mean[ch], invstd[ch]);
+  for (int64_t ch = a.c_begin; ch < a.channel_end(); ++ch)
+    k.set(ch, gamma, beta, mean[ch], invstd[ch]);
   tile_channels(a.c, k.h, k.t, k.sc, k.sh);
   apply_elements(a, x, static_cast<const T*>(nullptr), y, k.value(x));
 }
@@ -380,7 +386,7 @@ void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const P*
                        const S* mean, const S* invstd, const W* stats, double n, T* dx) {
   BackwardConstants k(a.c);
   split_means(a.c, mean, k.h, k.t);
-  for (int64_t ch = 0; ch < a.c; ++ch)
+  for (int64_t ch = a.c_begin; ch < a.channel_end(); ++ch)
     k.set(ch, gamma, invstd[ch], stats[2 * ch], stats[2 * ch + 1], n);
   tile_channels(a.c, k.h, k.t, k.k, k.c1, k.c2);
   apply_elements(a, x, dy, dx, k.value(dy, x));

@@ -33,6 +33,11 @@ struct BatchNormArgs {
   int64_t inner = 1;           ///< positions per sample and channel (1 for [N, C])
   bool channels_last = false;  ///< [N, *spatial, C] instead of [N, C, *spatial]
   int threads = 0;             ///< 0: OpenMP default
+  /// NCHW: only channels [c_begin, c_end) (c_end -1: c), one chunk of a chunked call (the
+  /// partials write, and the applies read, those channels' stats only; the same bits per
+  /// channel as the whole call). Channels-last: always every channel.
+  int64_t c_begin = 0, c_end = -1;
+  int64_t channel_end() const { return c_end < 0 ? c : c_end; }
 };
 
 /// stats[2c]: {sum x, sum x^2} of this rank's elements of each channel.
