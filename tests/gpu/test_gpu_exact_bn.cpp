@@ -107,6 +107,54 @@ TEST_P(GpuExactBn, BitwiseEqualToCpuAndNearReference) {
   EXPECT_EQ(wrong, 0);
 }
 
+// After the strict calls (the header then travels on device only) the exact kernels check the
+// summed int64 header themselves: a training forward with one value per channel in all (n <= 1)
+// writes nothing (y, saved and running statistics keep their sentinels) and
+// cuda_check_errors reports it; a call whose gamma has the wrong length throws on this rank
+// and writes nothing; a good call afterwards writes.
+TEST(GpuExactBnErrors, FailedCallsAfterStrictCallsWriteNothing) {
+  TPNORM_REQUIRE_GPU();
+  cudaStream_t s = nullptr;
+  TPNORM_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    auto gpu = make_cuda_single_communicator(s, 0);
+    gpu->set_strict_calls(0);
+    const int64_t C = 4;
+    const Shape one{1, C}, two{2, C, 3}, p{C};
+    BatchNormOptions o;
+    o.stats = Stats::kExact;
+    DevBuf x(Buffer(DType::F32, tpnorm_test::normal(47, 0, 2 * C * 3))),
+        y(Buffer(DType::F32, std::vector<float>(2 * C * 3, 7.f))),
+        rm(Buffer(DType::F32, std::vector<float>(C, 7.f))),
+        rv(Buffer(DType::F32, std::vector<float>(C, 7.f))),
+        sm(Buffer(DType::F32, std::vector<float>(C, 7.f))),
+        si(Buffer(DType::F32, std::vector<float>(C, 7.f))),
+        gamma(Buffer(DType::F32, std::vector<float>(C + 1, 1.f)));
+    auto untouched = [&](const char* when) {
+      cudaStreamSynchronize(s);
+      for (const DevBuf* b : {&y, &rm, &rv, &sm, &si})
+        for (float v : b->floats()) EXPECT_EQ(v, 7.f) << when;
+    };
+    int64_t tracked = 0;
+    EXPECT_NO_THROW(sync_batch_norm_forward(*gpu, x.view(one), {}, {}, rm.view(p), rv.view(p),
+                                            &tracked, y.view(one), sm.view(p), si.view(p), o));
+    EXPECT_THROW(cuda_check_errors(*gpu), Error) << "one value per channel";
+    untouched("n == 1");
+    EXPECT_THROW(
+        sync_batch_norm_forward(*gpu, x.view(two), gamma.view(Shape{C + 1}), {}, rm.view(p),
+                                rv.view(p), &tracked, y.view(two), sm.view(p), si.view(p), o),
+        Error);
+    untouched("gamma of C + 1");
+    sync_batch_norm_forward(*gpu, x.view(two), {}, {}, rm.view(p), rv.view(p), &tracked,
+                            y.view(two), sm.view(p), si.view(p), o);
+    EXPECT_NO_THROW(cuda_check_errors(*gpu));
+    cudaStreamSynchronize(s);
+    EXPECT_NE(rm.floats(), std::vector<float>(C, 7.f));
+    EXPECT_NE(y.floats()[0], 7.f);
+  }
+  cudaStreamDestroy(s);
+}
+
 using DT = DType;
 const BnCase kCases[] = {
     {"n1_c3_7x7", 1, 3, {7, 7}},

@@ -6,8 +6,9 @@
 // saved and running statistics; not dgamma / dbeta, which are each rank's own sums by the API)
 // and (b) the CPU's kExact on the same shards over MPI (every output, dgamma / dbeta too): the
 // GPU's result does not depend on the world size or the split, and is the CPU's. Training and
-// eval, NCHW and channels-last, fp32 / bf16, a channel split over many blocks. Skipped without
-// a GPU.
+// eval, NCHW and channels-last, fp32 / bf16, a channel split over many blocks. Also: after the
+// strict calls, bad calls are stopped by the device check of the int64 header
+// (GpuExactBnRanksErrors). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include "exact_bn_support.h"
@@ -126,5 +127,64 @@ INSTANTIATE_TEST_SUITE_P(Nccl, GpuExactBnRanks,
                          ::testing::Combine(::testing::Values(kCases[0], kCases[2]),
                                             ::testing::Bool(), ::testing::Values(Kind::kNccl)),
                          name);
+
+// After the strict calls the summed int64 header is checked on device: a call whose gamma is
+// wrong on rank 0 (rank 0 throws) and a call whose eps differs on the last rank write nothing
+// on any rank (y, saved and running statistics keep their sentinels); cuda_check_errors
+// reports it on the ranks that did not throw.
+TEST(GpuExactBnRanksErrors, DeviceHeaderCheckStopsBadCalls) {
+  TPNORM_REQUIRE_GPU();
+  const int P = tpnorm_test::world_size(), me = tpnorm_test::world_rank();
+  if (P < 2) GTEST_SKIP() << "needs 2 ranks";
+  cudaStream_t s = nullptr;
+  std::string skip;
+  auto gpu = make_comm(Kind::kStaged, &s, &skip);
+  gpu->set_strict_calls(0);
+  const int64_t C = 5;
+  const Shape xs{3, C, 4}, p{C};
+  const int dev = gpu->device().index;
+  const std::vector<float> sentinel(3 * C * 4, 42.f), stat(C, 42.f);
+  DevBuf x(Buffer(DType::F32, tpnorm_test::normal(49, me, 3 * C * 4)), false, dev),
+      y(Buffer(DType::F32, sentinel), false, dev), rm(Buffer(DType::F32, stat), false, dev),
+      rv(Buffer(DType::F32, stat), false, dev), sm(Buffer(DType::F32, stat), false, dev),
+      si(Buffer(DType::F32, stat), false, dev),
+      gamma(Buffer(DType::F32, std::vector<float>(me == 0 ? C + 1 : C, 1.f)), false, dev);
+  int64_t bad = 0, tracked = 0;
+  BatchNormOptions o;
+  o.stats = Stats::kExact;
+  auto reported = [&] {
+    try {
+      cuda_check_errors(*gpu);
+    } catch (const Error&) {
+      return true;
+    }
+    return false;
+  };
+  bool threw = false;
+  try {
+    sync_batch_norm_forward(*gpu, x.view(xs), gamma.view(Shape{me == 0 ? C + 1 : C}), {},
+                            rm.view(p), rv.view(p), &tracked, y.view(xs), sm.view(p), si.view(p),
+                            o);
+  } catch (const Error&) {
+    threw = true;
+  }
+  bad += threw != (me == 0);
+  if (me != 0) bad += !reported();
+  BatchNormOptions odd = o;
+  odd.eps = me == P - 1 ? 1e-3 : 1e-5;
+  try {
+    sync_batch_norm_forward(*gpu, x.view(xs), {}, {}, rm.view(p), rv.view(p), &tracked, y.view(xs),
+                            sm.view(p), si.view(p), odd);
+  } catch (const Error&) {
+    ++bad;  // nobody throws from the call: the device check reports
+  }
+  bad += !reported();
+  cudaStreamSynchronize(s);
+  for (const DevBuf* b : {&y, &rm, &rv, &sm, &si})
+    for (float v : b->floats()) bad += v != 42.f;
+  EXPECT_EQ(tpnorm_test::sum_over_ranks(bad), 0) << "rank " << me;
+  gpu.reset();
+  cudaStreamDestroy(s);
+}
 
 }  // namespace
