@@ -41,6 +41,11 @@ std::unique_ptr<ShmExchange> ShmExchange::create(MPI_Comm comm, int rank, int si
   return std::unique_ptr<ShmExchange>(new ShmExchange(comm, rank, size, max_bytes));
 }
 
+// Open MPI's segments start 8-byte aligned (its header precedes them); a ring starts at the next
+// 64 bytes. A mapping starts on a page in every process, so every process finds the same ring
+// in a peer's segment.
+static char* aligned(char* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; }
+
 ShmExchange::ShmExchange(MPI_Comm comm, int rank, int size, size_t max_bytes)
     : rank_(rank), size_(size), max_bytes_(max_bytes) {
   stride_ = kDataOffset + (max_bytes + 63) / 64 * 64;
@@ -49,10 +54,11 @@ ShmExchange::ShmExchange(MPI_Comm comm, int rank, int size, size_t max_bytes)
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
   char* mine = nullptr;
-  const int rc =
-      MPI_Win_allocate_shared(static_cast<MPI_Aint>(kSlots * stride_), 1, info, comm, &mine, &win_);
+  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(kSlots * stride_ + 64), 1, info,
+                                         comm, &mine, &win_);
   MPI_Info_free(&info);
   TPNORM_CHECK(MPI, rc);
+  mine = aligned(mine);
   for (uint64_t s = 0; s < kSlots; ++s) {
     char* at = mine + s * stride_;
     new (at) Head{};
@@ -67,7 +73,7 @@ ShmExchange::ShmExchange(MPI_Comm comm, int rank, int size, size_t max_bytes)
     int unit = 0;
     void* base = nullptr;
     TPNORM_CHECK(MPI, MPI_Win_shared_query(win_, q, &bytes, &unit, &base));
-    bases_[static_cast<size_t>(q)] = static_cast<char*>(base);
+    bases_[static_cast<size_t>(q)] = aligned(static_cast<char*>(base));
   }
   // Loads and stores into the window are this passive-target epoch's accesses (MPI-3's
   // unified model); the barrier orders every rank's zeroed ring before any peer reads it.
