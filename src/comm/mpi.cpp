@@ -172,7 +172,8 @@ class MpiCommunicator final : public Communicator {
       (void)mpi_type(dtype);  // refuses other types, as the paths below do
       p.shm = true;
       p.nth = nth;
-      shm_->start(nth, buf, static_cast<int>(count), dtype, idle(p));
+      ShmIdle idle(*this, p);
+      shm_->start(nth, buf, static_cast<int>(count), dtype, idle);
       return p;
     }
     if (exchanges(bytes)) {
@@ -226,7 +227,10 @@ class MpiCommunicator final : public Communicator {
   // Waits for a started sum: its MPI_Iallreduce requests, or the exchange's receives (first
   // pieces, then the rest of each peer's pieces as its count says) and the sum in rank order.
   void complete(Pending& p, bool may_throw) {
-    if (p.shm) return shm_->finish(p.nth, idle(p), may_throw);
+    if (p.shm) {
+      ShmIdle idle(*this, p);
+      return shm_->finish(p.nth, idle, may_throw);
+    }
     retire_sends(p);  // p.reqs: receives only
     if (!p.exchange) {
       poll(p.reqs, MPI_STATUSES_IGNORE, p, may_throw);
@@ -334,20 +338,31 @@ class MpiCommunicator final : public Communicator {
   // What a rank does while it waits for its peers' shared-memory slots: the watchdog's check
   // (as in poll) and MPI's progress, which a peer waiting in an MPI_Iallreduce (or for the
   // exchange's sends) needs from this rank.
-  detail::ShmExchange::Idle idle(const Pending& p) {
-    const bool watch = timeout() > 0;
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(watch ? timeout() : 0.0);
-    return [this, watch, deadline, op = p.op, sequence = p.sequence] {
+  // The deadline starts at the first idle call (a sum whose peers are there never reads the
+  // clock).
+  struct ShmIdle final : detail::ShmExchange::Idle {
+    ShmIdle(MpiCommunicator& c, const Pending& p) : comm(c), op(p.op), sequence(p.sequence) {}
+    void operator()() override {
       int flag = 0;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
-      if (watch && std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "%s\n", watchdog_message(op, sequence).c_str());
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm.comm_, &flag, MPI_STATUS_IGNORE);
+      if (!(comm.timeout() > 0)) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (!started) {
+        deadline = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(comm.timeout()));
+        started = true;
+      } else if (now > deadline) {
+        std::fprintf(stderr, "%s\n", comm.watchdog_message(op, sequence).c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);  // the whole job, not only this group
       }
-    };
-  }
+    }
+    MpiCommunicator& comm;
+    const char* op;
+    uint64_t sequence;
+    bool started = false;
+    std::chrono::steady_clock::time_point deadline;
+  };
 
   bool exchanges(size_t bytes) const {
     return size_ > 1 && bytes * static_cast<size_t>(size_ - 1) <= kExchangeBytes;

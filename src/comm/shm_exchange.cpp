@@ -97,7 +97,7 @@ ShmExchange::Sum* ShmExchange::find(uint64_t n) {
 }
 
 template <class Ready>
-void ShmExchange::spin(Ready ready, const Idle& idle) {
+void ShmExchange::spin(Ready ready, Idle& idle) {
   // Tight at first (a peer that is running publishes within microseconds); then yield the
   // core, since ranks may outnumber cores (CI oversubscribes) and the peer needs it.
   for (unsigned i = 1; !ready(); ++i) {
@@ -106,7 +106,7 @@ void ShmExchange::spin(Ready ready, const Idle& idle) {
   }
 }
 
-void ShmExchange::start(uint64_t n, void* buf, int count, DType dtype, const Idle& idle) {
+void ShmExchange::start(uint64_t n, void* buf, int count, DType dtype, Idle& idle) {
   const uint64_t s = n % kSlots;
   if (uses_[s] > 0) {
     // The slot's last sum must have been read by every peer. Complete this rank's own copy of
@@ -133,9 +133,10 @@ void ShmExchange::start(uint64_t n, void* buf, int count, DType dtype, const Idl
   ++sums_;
 }
 
-void ShmExchange::collect(Sum& s, const Idle& idle) {
+void ShmExchange::collect(Sum& s, Idle& idle) {
   const uint64_t want = s.n + 1;
-  std::vector<int> counts(static_cast<size_t>(size_), s.count);
+  std::vector<int>& counts = counts_;
+  counts.assign(static_cast<size_t>(size_), s.count);
   int foreign = -1;  // a peer whose slot holds a later sum: not in step with this protocol
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
@@ -171,7 +172,7 @@ void ShmExchange::collect(Sum& s, const Idle& idle) {
   s.collected = true;
 }
 
-void ShmExchange::finish(uint64_t n, const Idle& idle, bool may_throw) {
+void ShmExchange::finish(uint64_t n, Idle& idle, bool may_throw) {
   Sum* s = find(n);
   if (!s) return;
   if (!s->collected) collect(*s, idle);

@@ -30,7 +30,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,18 +58,24 @@ class ShmExchange {
 
   /// Called every few dozen polls while a rank waits for its peers: drives MPI's progress (a
   /// peer may be waiting for this rank's part of an MPI_Iallreduce) and checks the watchdog.
-  using Idle = std::function<void()>;
+  /// (An interface, not std::function: nothing is allocated on the path of a small sum.)
+  struct Idle {
+    virtual void operator()() = 0;
+
+   protected:
+    ~Idle() = default;
+  };
 
   /// Starts sum n: copies `count` elements of `dtype` at `buf` (at most max_bytes) into this
   /// rank's slot n % kSlots and publishes them. n numbers EVERY sum of the communicator (large
   /// ones too, which leave their slot unused), so ranks that disagree on which sums are small
   /// never pair different sums: they wait for a seq that never comes, until the watchdog. `buf`
   /// receives the sum at finish(n) (or earlier, see above) and must stay untouched until then.
-  void start(uint64_t n, void* buf, int count, DType dtype, const Idle& idle);
+  void start(uint64_t n, void* buf, int count, DType dtype, Idle& idle);
   /// Completes sum n: `buf` holds the sum. Throws kMismatch (the ranks passed different counts:
   /// the same text on every rank) or kCommunication (a peer's slot is not this protocol's).
   /// With may_throw false (a communicator going away) errors are dropped.
-  void finish(uint64_t n, const Idle& idle, bool may_throw);
+  void finish(uint64_t n, Idle& idle, bool may_throw);
 
   /// Sums completed through this exchange (for tests: the path actually taken).
   uint64_t sums() const { return sums_; }
@@ -114,9 +119,9 @@ class ShmExchange {
   uint64_t last_[kSlots] = {};
   // Reads the peers' contributions to s: waits for their seq, checks the counts, adds in rank
   // order into s.buf (or records the error), then counts its reads of every peer's slot.
-  void collect(Sum& s, const Idle& idle);
+  void collect(Sum& s, Idle& idle);
   template <class Ready>
-  void spin(Ready ready, const Idle& idle);
+  void spin(Ready ready, Idle& idle);
   template <class T>
   void add_in_rank_order(T* out, uint64_t n, int count) const;
 
@@ -125,6 +130,7 @@ class ShmExchange {
   size_t max_bytes_ = 0, stride_ = 0;
   std::vector<char*> bases_;  // every rank's ring, as mapped in this process
   std::vector<Sum> sums_in_flight_;
+  std::vector<int> counts_;  // collect's scratch: every rank's count
   uint64_t sums_ = 0;
 };
 
