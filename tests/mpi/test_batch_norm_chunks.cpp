@@ -76,7 +76,9 @@ struct Outputs {
 };
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // (memcmp of an empty vector's null data is undefined: a rank may hold no samples)
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // The full batch's x or dy of a step, rounded to the dtype (NCHW).
