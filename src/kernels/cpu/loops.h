@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cpu/simd.h"
@@ -86,18 +87,26 @@ inline void block_sums(int64_t h, Term term, W& s1, W& s2, const P* pf1 = nullpt
   s2 = a2;
 }
 
+/// Cache `index` of cpu0 in bytes as sysfs states it ("32768K"), or 0 when it cannot be read.
+inline int64_t sysfs_cache_bytes(int index) {
+  const std::string path =
+      "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size";
+  int64_t b = 0;
+  if (std::FILE* f = std::fopen(path.c_str(), "r")) {
+    long v = 0;
+    char unit = 0;
+    if (std::fscanf(f, "%ld%c", &v, &unit) >= 1)
+      b = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
+    std::fclose(f);
+  }
+  return b;
+}
+
 /// The last-level cache in bytes: sysfs first (glibc's sysconf reports 320 MiB for this VM's
 /// 32 MiB L3, which disabled streaming for every benchmark shape), then sysconf, then 32 MiB.
 inline int64_t last_level_cache_bytes() {
   static const int64_t bytes = [] {
-    int64_t b = 0;
-    if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
-      long v = 0;
-      char unit = 0;
-      if (std::fscanf(f, "%ld%c", &v, &unit) >= 1)
-        b = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
-      std::fclose(f);
-    }
+    int64_t b = sysfs_cache_bytes(3);
     if (b <= 0) b = sysconf(_SC_LEVEL3_CACHE_SIZE);
     return b > 0 ? b : int64_t{32} << 20;
   }();
@@ -108,14 +117,7 @@ inline int64_t last_level_cache_bytes() {
 /// rule size what they keep in cache by it.)
 inline int64_t l2_cache_bytes() {
   static const int64_t bytes = [] {
-    int64_t b = 0;
-    if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r")) {
-      long v = 0;
-      char unit = 0;
-      if (std::fscanf(f, "%ld%c", &v, &unit) >= 1)
-        b = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
-      std::fclose(f);
-    }
+    const int64_t b = sysfs_cache_bytes(2);
     return b > 0 ? b : int64_t{1} << 20;
   }();
   return bytes;

@@ -29,6 +29,17 @@ template <>
 struct Dev<bf16> {
   using type = __nv_bfloat16;
 };
+template <class T>
+using DevT = typename Dev<T>::type;
+/// A host storage pointer as the CUDA type it is laid out as (for kernel arguments).
+template <class T>
+const DevT<T>* dv(const T* p) {
+  return reinterpret_cast<const DevT<T>*>(p);
+}
+template <class T>
+DevT<T>* dv(T* p) {
+  return reinterpret_cast<DevT<T>*>(p);
+}
 
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }

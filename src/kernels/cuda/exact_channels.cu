@@ -213,17 +213,6 @@ __global__ void param_grads(BnExactPlan p, Header hd, const double* __restrict__
 cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
 dim3 per_channel(int64_t c) { return dim3(static_cast<unsigned>((c + 127) / 128)); }
 
-template <class T>
-using D = typename Dev<T>::type;
-template <class T>
-const D<T>* dv(const T* p) {
-  return reinterpret_cast<const D<T>*>(p);
-}
-template <class T>
-D<T>* dv(T* p) {
-  return reinterpret_cast<D<T>*>(p);
-}
-
 // The partial blocks, then the splits' sums per channel. With no element the blocks read
 // nothing (their walks are empty) and write zero limbs.
 template <class D, int N>
@@ -253,7 +242,7 @@ size_t exact_bn_scratch_bytes(const BnArgs& a) {
 
 template <class T>
 void exact_bn_partial_forward(const BnArgs& a, const T* x, int64_t* limbs, void* scratch) {
-  sums<D<T>, 1>(a, dv(x), static_cast<const D<T>*>(nullptr), nullptr, false, limbs, scratch);
+  sums<DevT<T>, 1>(a, dv(x), static_cast<const DevT<T>*>(nullptr), nullptr, false, limbs, scratch);
 }
 
 template <class T>
@@ -262,10 +251,10 @@ void exact_bn_apply_forward(const BnArgs& a, const BnForwardStats& f, const T* g
   const BnExactPlan p = plan_of(a);
   if (p.c <= 0) return;
   const Scratch s = carve(p, scratch);
-  launch("exact bn fwd_consts", fwd_consts<D<T>>, per_channel(p.c), dim3(128), st(a.stream), p, f,
+  launch("exact bn fwd_consts", fwd_consts<DevT<T>>, per_channel(p.c), dim3(128), st(a.stream), p, f,
          dv(gamma), dv(beta), s.consts, err);
   if (p.m > 0)
-    launch("exact bn apply_fwd", apply_fwd<D<T>>,
+    launch("exact bn apply_fwd", apply_fwd<DevT<T>>,
            dim3(static_cast<unsigned>(bn_apply_blocks(p.m * p.c))), dim3(kThreads), st(a.stream), p,
            f.hd, dv(x), dv(y), static_cast<const float*>(s.consts), err);
 }
@@ -273,7 +262,7 @@ void exact_bn_apply_forward(const BnArgs& a, const BnForwardStats& f, const T* g
 template <class T>
 void exact_bn_partial_backward(const BnArgs& a, const T* dy, const T* x, const void* mean, bool s64,
                                int64_t* limbs, void* scratch) {
-  sums<D<T>, 2>(a, dv(x), dv(dy), mean, s64, limbs, scratch);
+  sums<DevT<T>, 2>(a, dv(x), dv(dy), mean, s64, limbs, scratch);
 }
 
 template <class T>
@@ -283,14 +272,14 @@ void exact_bn_apply_backward(const BnArgs& a, const Header& hd, const T* dy, con
   const BnExactPlan p = plan_of(a);
   if (p.c <= 0) return;
   const Scratch s = carve(p, scratch);
-  launch("exact bn bwd_consts", bwd_consts<D<T>>, per_channel(p.c), dim3(128), st(a.stream), p, hd,
+  launch("exact bn bwd_consts", bwd_consts<DevT<T>>, per_channel(p.c), dim3(128), st(a.stream), p, hd,
          dv(gamma), mean, invstd, s64, s.consts, err);
   if (p.m > 0)
-    launch("exact bn apply_bwd", apply_bwd<D<T>>,
+    launch("exact bn apply_bwd", apply_bwd<DevT<T>>,
            dim3(static_cast<unsigned>(bn_apply_blocks(p.m * p.c))), dim3(kThreads), st(a.stream), p,
            hd, dv(dy), dv(x), dv(dx), static_cast<const float*>(s.consts), err);
   if (dgamma || dbeta)
-    launch("exact bn param_grads", param_grads<D<T>>, per_channel(p.c), dim3(128), st(a.stream), p,
+    launch("exact bn param_grads", param_grads<DevT<T>>, per_channel(p.c), dim3(128), st(a.stream), p,
            hd, static_cast<const double*>(s.local), invstd, s64, dv(dgamma), dv(dbeta), err);
 }
 

@@ -264,24 +264,13 @@ dim3 threads_for(int64_t items, int per) {
   return dim3(static_cast<unsigned>(std::max<int64_t>(1, (items + per - 1) / per)));
 }
 
-template <class T>
-using D = typename Dev<T>::type;
-template <class T>
-const D<T>* dv(const T* p) {
-  return reinterpret_cast<const D<T>*>(p);
-}
-template <class T>
-D<T>* dv(T* p) {
-  return reinterpret_cast<D<T>*>(p);
-}
-
 }  // namespace
 
 template <class T>
 void exact_group_partial_forward(const GroupArgs& a, const T* x, int64_t* limbs) {
   const int64_t slots = a.n * a.groups;
   if (slots <= 0) return;
-  launch("exact group part_fwd", part_fwd<D<T>>, grid_for(slots), dim3(kThreads), st(a.stream), a,
+  launch("exact group part_fwd", part_fwd<DevT<T>>, grid_for(slots), dim3(kThreads), st(a.stream), a,
          dv(x), limbs);
 }
 
@@ -292,7 +281,7 @@ void exact_group_apply_forward(const GroupArgs& a, const Header& hd, double coun
   launch("exact group finish", finish, threads_for(a.n * a.groups, 128), dim3(128), st(a.stream), a,
          hd, true, count, eps, mean, rstd, err);
   if (a.n * a.c_local * a.spatial <= 0) return;
-  launch("exact group apply_fwd", apply_fwd<D<T>>, grid_for(a.n * a.c_local), dim3(kThreads),
+  launch("exact group apply_fwd", apply_fwd<DevT<T>>, grid_for(a.n * a.c_local), dim3(kThreads),
          st(a.stream), a, hd, dv(x), dv(gamma), dv(beta), dv(y), err);
 }
 
@@ -302,10 +291,10 @@ void exact_group_partial_backward(const GroupArgs& a, const T* dy, const T* x, c
                                   double* dparams) {
   const int64_t slots = a.n * a.groups;
   if (slots > 0)
-    launch("exact group part_bwd", part_bwd<D<T>>, grid_for(slots), dim3(kThreads), st(a.stream), a,
+    launch("exact group part_bwd", part_bwd<DevT<T>>, grid_for(slots), dim3(kThreads), st(a.stream), a,
            dv(dy), dv(x), dv(gamma), mean, rstd, limbs);
   if (a.c_local > 0)
-    launch("exact group channel_sums", channel_sums<D<T>>, grid_for(a.c_local), dim3(kThreads),
+    launch("exact group channel_sums", channel_sums<DevT<T>>, grid_for(a.c_local), dim3(kThreads),
            st(a.stream), a, dv(dy), dv(x), mean, rstd, dparams);
 }
 
@@ -316,10 +305,10 @@ void exact_group_apply_backward(const GroupArgs& a, const Header& hd, double cou
   launch("exact group finish", finish, threads_for(a.n * a.groups, 128), dim3(128), st(a.stream), a,
          hd, false, count, 0.0, static_cast<void*>(nullptr), static_cast<void*>(nullptr), err);
   if (a.n * a.c_local * a.spatial > 0)
-    launch("exact group apply_bwd", apply_bwd<D<T>>, grid_for(a.n * a.c_local), dim3(kThreads),
+    launch("exact group apply_bwd", apply_bwd<DevT<T>>, grid_for(a.n * a.c_local), dim3(kThreads),
            st(a.stream), a, hd, dv(dy), dv(x), dv(gamma), mean, rstd, dv(dx), err);
   if ((dgamma || dbeta) && a.c_local > 0)
-    launch("exact group param_grads", param_grads<D<T>>, threads_for(a.c_local, kThreads),
+    launch("exact group param_grads", param_grads<DevT<T>>, threads_for(a.c_local, kThreads),
            dim3(kThreads), st(a.stream), a, hd, dparams, dv(dgamma), dv(dbeta), err);
 }
 
