@@ -75,6 +75,7 @@ class TimedCommunicator final : public tpnorm::Communicator {
     enter();
     pending_[id] = inner_.start_all_reduce_sum(buf, count, dtype);
   }
+  void do_progress_in_background() override { inner_.progress_in_background(); }
   void do_wait(uint64_t id) override {
     Request r = pending_[id];
     pending_.erase(id);

@@ -72,11 +72,15 @@ class WaitTimer final : public Communicator {
   void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, DType dtype) override {
     started_[id] = inner_.start_all_reduce_sum(buf, count, dtype);
   }
+  void do_progress_in_background() override { inner_.progress_in_background(); }
+  // Times the inner wait only: this wrapper's own bookkeeping is not the library's.
   void do_wait(uint64_t id) override {
+    const auto it = started_.find(id);
+    Request r = it->second;
     const double t = now();
-    inner_.wait(started_[id]);
-    started_.erase(id);
+    inner_.wait(r);
     waited_ += now() - t;
+    started_.erase(it);
   }
 
  private:

@@ -61,6 +61,13 @@ class Communicator {
   void wait(Request& r);
   /// Started sums not yet waited.
   size_t in_flight() const { return in_flight_; }
+  /// Says that the sums started so far will be waited later, after other work: a backend with
+  /// a progress engine may complete them meanwhile, so that wait() finds them done. The
+  /// split-phase calls (tpnorm/split.h) say it when their start returns; blocking calls, whose
+  /// wait follows at once, do not. The default does nothing (the MPI communicator hands its
+  /// shared-memory sums to a progress thread; README "Split-phase calls"). A wrapper around
+  /// another communicator forwards it.
+  void progress_in_background() { do_progress_in_background(); }
 
   /// Sums of at most this many bytes per rank are size-checked: if the ranks pass different
   /// counts, wait() (or all_reduce_sum) throws tpnorm::Error(kMismatch) on EVERY rank, and the
@@ -129,6 +136,7 @@ class Communicator {
     do_all_reduce_sum(buf, count, dtype);
   }
   virtual void do_wait(uint64_t id) { (void)id; }
+  virtual void do_progress_in_background() {}
   /// A backend's default for set_strict_calls; the environment variable TPNORM_STRICT_CALLS,
   /// when set, wins over it. Call from the derived constructor.
   void set_default_strict_calls(int64_t n) {

@@ -22,4 +22,9 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 /// communicator is made; the ranks' minimum decides). The others go as MPI messages.
 uint64_t mpi_shared_memory_sums(const Communicator& comm);
 
+/// Of those, the sums that the communicator's progress thread added while the caller was
+/// elsewhere (split-phase calls hand their started sums to it: Communicator::
+/// progress_in_background); the others were added by their wait.
+uint64_t mpi_background_sums(const Communicator& comm);
+
 }  // namespace tpnorm

@@ -5,7 +5,8 @@
 // Watchdog: the all-reduce is MPI_Iallreduce completed by polling MPI_Test against a deadline,
 // so a collective that a dead or stuck rank never joins ends the job with MPI_Abort and a
 // message naming op, rank and call sequence, instead of blocking forever in MPI_Allreduce. No
-// extra thread (MPI_THREAD_FUNNELED suffices, and MPI_Abort is called from the calling thread).
+// extra thread for it (MPI_Abort is called from the calling thread); the shared-memory
+// exchange's progress thread never calls MPI, so MPI_THREAD_FUNNELED suffices.
 // Started sums are completed by the same loop when waited, so the watchdog covers them too.
 // Small sums are an exchange instead (see kExchangeBytes): through a shared-memory window
 // (comm/shm_exchange.h) when every rank is on this node, else point-to-point messages.
@@ -68,6 +69,7 @@ class MpiCommunicator final : public Communicator {
     return size_ > 1 ? kExchangeBytes / static_cast<size_t>(size_ - 1) : SIZE_MAX;
   }
   uint64_t shared_memory_sums() const { return shm_ ? shm_->sums() : 0; }
+  uint64_t background_sums() const { return shm_ ? shm_->background_sums() : 0; }
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
@@ -85,6 +87,11 @@ class MpiCommunicator final : public Communicator {
   }
   void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, DType dtype) override {
     pending_.push_back(start(id, buf, count, dtype));
+  }
+  // Only the shared-memory sums have a progress thread: the MPI paths progress inside MPI
+  // calls, which only this thread makes.
+  void do_progress_in_background() override {
+    if (shm_) shm_->progress_in_background();
   }
   void do_wait(uint64_t id) override {
     for (size_t i = 0; i < pending_.size(); ++i) {
@@ -446,6 +453,11 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
 uint64_t mpi_shared_memory_sums(const Communicator& comm) {
   const auto* m = dynamic_cast<const MpiCommunicator*>(&comm);
   return m ? m->shared_memory_sums() : 0;
+}
+
+uint64_t mpi_background_sums(const Communicator& comm) {
+  const auto* m = dynamic_cast<const MpiCommunicator*>(&comm);
+  return m ? m->background_sums() : 0;
 }
 
 }  // namespace tpnorm

@@ -2,11 +2,17 @@
 #include "comm/shm_exchange.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <system_error>
 #include <thread>
 #include <utility>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 #include "comm/mpi_check.h"
 #include "common/check.h"
@@ -48,6 +54,7 @@ static char* aligned(char* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) 
 
 ShmExchange::ShmExchange(MPI_Comm comm, int rank, int size, size_t max_bytes)
     : rank_(rank), size_(size), max_bytes_(max_bytes) {
+  if (const char* v = std::getenv("TPNORM_SHM_TEST_ADD_DELAY_US")) test_add_delay_us_ = std::atoi(v);
   stride_ = kDataOffset + (max_bytes + 63) / 64 * 64;
   // Each rank's ring in memory near it (no need for one contiguous block).
   MPI_Info info;
@@ -83,6 +90,16 @@ ShmExchange::ShmExchange(MPI_Comm comm, int rank, int size, size_t max_bytes)
 }
 
 ShmExchange::~ShmExchange() {
+  // Every sum was completed by its wait (or the communicator's destructor): the thread holds
+  // nothing it still has to add.
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || win_ == MPI_WIN_NULL) return;
@@ -91,8 +108,8 @@ ShmExchange::~ShmExchange() {
 }
 
 ShmExchange::Sum* ShmExchange::find(uint64_t n) {
-  for (Sum& s : sums_in_flight_)
-    if (s.n == n) return &s;
+  for (const std::shared_ptr<Sum>& s : sums_in_flight_)
+    if (s->n == n) return s.get();
   return nullptr;
 }
 
@@ -111,8 +128,7 @@ void ShmExchange::start(uint64_t n, void* buf, int count, DType dtype, Idle& idl
   if (uses_[s] > 0) {
     // The slot's last sum must have been read by every peer. Complete this rank's own copy of
     // it first (see the header: then every peer that gets here reads it too).
-    if (Sum* old = find(last_[s]))
-      if (!old->collected) collect(*old, idle);
+    if (Sum* old = find(last_[s])) collect(*old, idle);
     const uint64_t need = uses_[s] * static_cast<uint64_t>(size_ - 1);
     std::atomic<uint64_t>& r = reads(rank_, n).reads;
     spin([&] { return r.load(std::memory_order_acquire) >= need; }, idle);
@@ -124,25 +140,38 @@ void ShmExchange::start(uint64_t n, void* buf, int count, DType dtype, Idle& idl
   h.seq.store(n + 1, std::memory_order_release);  // publishes count and data
   ++uses_[s];
   last_[s] = n;
-  Sum sum;
-  sum.n = n;
-  sum.buf = buf;
-  sum.count = count;
-  sum.dtype = dtype;
+  std::shared_ptr<Sum> sum = fresh_sum();
+  sum->n = n;
+  sum->buf = buf;
+  sum->count = count;
+  sum->dtype = dtype;
   sums_in_flight_.push_back(std::move(sum));
   ++sums_;
 }
 
+bool ShmExchange::peers_ready(uint64_t n) const {
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_ && head(q, n).seq.load(std::memory_order_acquire) < n + 1) return false;
+  return true;
+}
+
 void ShmExchange::collect(Sum& s, Idle& idle) {
+  int open = kOpen;
+  if (s.state.compare_exchange_strong(open, kClaimed, std::memory_order_acq_rel)) {
+    spin([&] { return peers_ready(s.n); }, idle);
+    reduce(s, counts_);
+  } else {  // the progress thread has it (claimed: adding now) or is done with it
+    spin([&] { return s.state.load(std::memory_order_acquire) == kDone; }, idle);
+  }
+}
+
+void ShmExchange::reduce(Sum& s, std::vector<int>& counts) {
   const uint64_t want = s.n + 1;
-  std::vector<int>& counts = counts_;
   counts.assign(static_cast<size_t>(size_), s.count);
   int foreign = -1;  // a peer whose slot holds a later sum: not in step with this protocol
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    std::atomic<uint64_t>& seq = head(q, s.n).seq;
-    spin([&] { return seq.load(std::memory_order_acquire) >= want; }, idle);
-    if (seq.load(std::memory_order_acquire) != want) {
+    if (head(q, s.n).seq.load(std::memory_order_acquire) != want) {
       foreign = q;
       continue;
     }
@@ -169,17 +198,103 @@ void ShmExchange::collect(Sum& s, Idle& idle) {
   // After the last load of the peers' data: each may now reuse its slot.
   for (int q = 0; q < size_; ++q)
     if (q != rank_) reads(q, s.n).reads.fetch_add(1, std::memory_order_release);
-  s.collected = true;
+  s.state.store(kDone, std::memory_order_release);  // buf, code and error are the waiter's
 }
 
+// A wait after long work finds every line and page it touches cold (each costs about a
+// microsecond on the development VM), so the wait path touches few: no allocation, no
+// reference counting; the finished record is kept for a later start.
 void ShmExchange::finish(uint64_t n, Idle& idle, bool may_throw) {
-  Sum* s = find(n);
-  if (!s) return;
-  if (!s->collected) collect(*s, idle);
-  const ErrorCode code = s->code;
-  std::string error = std::move(s->error);
-  sums_in_flight_.erase(sums_in_flight_.begin() + (s - sums_in_flight_.data()));
+  auto it = std::find_if(sums_in_flight_.begin(), sums_in_flight_.end(),
+                         [&](const std::shared_ptr<Sum>& s) { return s->n == n; });
+  if (it == sums_in_flight_.end()) return;
+  Sum& s = **it;
+  collect(s, idle);
+  const ErrorCode code = s.code;
+  std::string error = std::move(s.error);
+  if (spare_.size() < kSpares) spare_.push_back(std::move(*it));
+  sums_in_flight_.erase(it);
   if (!error.empty() && may_throw) throw Error(code, error);
+}
+
+std::shared_ptr<ShmExchange::Sum> ShmExchange::fresh_sum() {
+  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+    if (it->use_count() != 1) continue;  // the progress thread still holds it
+    std::atomic_thread_fence(std::memory_order_acquire);  // after the thread's last use
+    std::shared_ptr<Sum> s = std::move(*it);
+    spare_.erase(it);
+    s->state.store(kOpen, std::memory_order_relaxed);
+    s->handed = false;
+    s->code = ErrorCode::kMismatch;
+    s->error.clear();
+    return s;
+  }
+  return std::make_shared<Sum>();
+}
+
+void ShmExchange::progress_in_background() {
+  std::vector<std::shared_ptr<Sum>> fresh;
+  for (const std::shared_ptr<Sum>& s : sums_in_flight_)
+    if (!s->handed && s->state.load(std::memory_order_relaxed) == kOpen) fresh.push_back(s);
+  if (fresh.empty()) return;
+  if (!worker_.joinable()) {
+    try {
+      worker_ = std::thread([this] { work(); });
+    } catch (const std::system_error&) {
+      return;  // no thread: the waits add the sums, as without this call
+    }
+  }
+  for (const std::shared_ptr<Sum>& s : fresh) s->handed = true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.insert(queue_.end(), fresh.begin(), fresh.end());
+  }
+  cv_.notify_one();
+}
+
+void ShmExchange::work() {
+#if defined(__linux__)
+  prctl(PR_SET_TIMERSLACK, 1000UL);  // 1 us: the pauses below are short on purpose
+#endif
+  const auto delay = std::chrono::microseconds(test_add_delay_us_);
+  std::vector<std::shared_ptr<Sum>> held;  // handed over, not yet done (start order)
+  std::vector<int> counts;
+  unsigned misses = 0;  // polls in a row that found nothing to add
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (held.empty()) {
+        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      } else if (misses > 64) {  // pause 10, 20, ... 200 us (new sums or stop end it early)
+        const unsigned k = std::min(misses - 64, 6u);
+        const auto pause = std::chrono::microseconds(std::min(5u << k, 200u));
+        cv_.wait_for(l, pause, [&] { return stop_ || !queue_.empty(); });
+      }
+      if (stop_) return;
+      held.insert(held.end(), queue_.begin(), queue_.end());
+      queue_.clear();
+    }
+    bool added = false;
+    for (size_t i = 0; i < held.size();) {
+      Sum& s = *held[i];
+      bool drop = s.state.load(std::memory_order_acquire) != kOpen;  // the caller has it
+      if (!drop && peers_ready(s.n)) {
+        int open = kOpen;
+        if (s.state.compare_exchange_strong(open, kClaimed, std::memory_order_acq_rel)) {
+          if (delay.count() > 0) std::this_thread::sleep_for(delay);
+          reduce(s, counts);
+          background_sums_.fetch_add(1, std::memory_order_relaxed);
+          added = true;
+        }
+        drop = true;
+      }
+      if (drop)
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+      else
+        ++i;
+    }
+    misses = added ? 0 : misses + 1;
+  }
 }
 
 // Ranks 0..P-1 in that order, every rank's contribution read from its slot (this rank's own

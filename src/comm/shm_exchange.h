@@ -23,15 +23,29 @@
 // this rank's slot: the writer
 // waits only for reads that will happen. The result (or the error) of a sum completed that way
 // is kept until its wait.
+//
+// Progress in the background (split-phase calls): after a call's start, the sums it left in
+// flight are handed to a progress thread (made on first use, one per exchange), which adds
+// each as soon as every peer has published it, while the caller computes. The wait then only
+// sees that the sum is done: it costs nothing, and the add runs while the contributions are
+// still in cache instead of after the caller's own work evicted them. The thread never calls
+// MPI and never blocks a peer: a sum is added by whichever of the thread and the waiting
+// caller claims it first (one compare-exchange), the other waits for it or drops it; the
+// thread polls the sums it holds (any order: none blocks another) and sleeps between polls
+// with a growing pause (10 us .. 200 us), so a slow peer costs little CPU. Blocking calls never
+// hand their sums over (their wait follows at once): they pay no wake-up.
 #pragma once
 
 #include <mpi.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tpnorm/error.h"
@@ -52,7 +66,8 @@ class ShmExchange {
   /// else nullptr, on every rank alike. `max_bytes`: the largest contribution of one rank.
   static std::unique_ptr<ShmExchange> create(MPI_Comm comm, int rank, int size, size_t max_bytes,
                                              bool want);
-  ~ShmExchange();  // collective: frees the window (after every sum was completed)
+  ~ShmExchange();  // collective: stops the progress thread, frees the window (after every
+                   // sum was completed)
   ShmExchange(const ShmExchange&) = delete;
   ShmExchange& operator=(const ShmExchange&) = delete;
 
@@ -77,8 +92,14 @@ class ShmExchange {
   /// With may_throw false (a communicator going away) errors are dropped.
   void finish(uint64_t n, Idle& idle, bool may_throw);
 
-  /// Sums completed through this exchange (for tests: the path actually taken).
+  /// Hands every sum started and not yet completed to the progress thread (see the top).
+  /// If the thread cannot be made, the waits add the sums as before.
+  void progress_in_background();
+
+  /// Sums started through this exchange (for tests: the path actually taken).
   uint64_t sums() const { return sums_; }
+  /// Sums the progress thread added (for tests: the background path actually taken).
+  uint64_t background_sums() const { return background_sums_.load(std::memory_order_relaxed); }
 
  private:
   ShmExchange(MPI_Comm comm, int rank, int size, size_t max_bytes);
@@ -103,35 +124,60 @@ class ShmExchange {
     return *reinterpret_cast<Reads*>(slot(rank, n) + sizeof(Head));
   }
 
-  // A started sum of this rank, until its finish.
+  // A started sum of this rank, until its finish. Shared with the progress thread once handed
+  // over; `state` says who adds it: kOpen -> kClaimed (by the thread or the caller, one
+  // compare-exchange) -> kDone (release: buf, code and error are written).
+  enum State : int { kOpen, kClaimed, kDone };
   struct Sum {
     uint64_t n = 0;
     void* buf = nullptr;
     int count = 0;
     DType dtype = DType::F64;
-    bool collected = false;  // the peers' contributions were read (and added, or refused)
+    std::atomic<int> state{kOpen};
+    bool handed = false;  // given to the progress thread (the caller's thread only)
     ErrorCode code = ErrorCode::kMismatch;
     std::string error;  // set when collected with an error; thrown by finish
   };
   Sum* find(uint64_t n);
+  // A record for a new sum: a finished one no longer held by the progress thread, or new.
+  std::shared_ptr<Sum> fresh_sum();
+  static constexpr size_t kSpares = 4;
   // Per slot of this rank's ring: how often it was written, and the last sum written there.
   uint64_t uses_[kSlots] = {};
   uint64_t last_[kSlots] = {};
-  // Reads the peers' contributions to s: waits for their seq, checks the counts, adds in rank
-  // order into s.buf (or records the error), then counts its reads of every peer's slot.
+  // The caller's thread: s is done when this returns (added here, or by the progress thread).
   void collect(Sum& s, Idle& idle);
+  // Whether every peer has published sum n (or a later one: then reduce reports it).
+  bool peers_ready(uint64_t n) const;
+  // With every peer published: checks the counts, adds in rank order into s.buf (or records
+  // the error), counts its reads of every peer's slot, then marks s done. `counts`: scratch.
+  void reduce(Sum& s, std::vector<int>& counts);
   template <class Ready>
   void spin(Ready ready, Idle& idle);
   template <class T>
   void add_in_rank_order(T* out, uint64_t n, int count) const;
+  // The progress thread's loop (see the top).
+  void work();
 
   MPI_Win win_ = MPI_WIN_NULL;
   int rank_ = 0, size_ = 1;
   size_t max_bytes_ = 0, stride_ = 0;
   std::vector<char*> bases_;  // every rank's ring, as mapped in this process
-  std::vector<Sum> sums_in_flight_;
-  std::vector<int> counts_;  // collect's scratch: every rank's count
+  std::vector<std::shared_ptr<Sum>> sums_in_flight_;  // in start order
+  std::vector<std::shared_ptr<Sum>> spare_;           // finished records, for later sums
+  std::vector<int> counts_;  // the caller's scratch for reduce: every rank's count
   uint64_t sums_ = 0;
+  std::atomic<uint64_t> background_sums_{0};
+
+  // The progress thread and what it is handed (queue_ and stop_ under mu_).
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Sum>> queue_;
+  bool stop_ = false;
+  // Tests only (TPNORM_SHM_TEST_ADD_DELAY_US, read when the exchange is made): the thread's
+  // pause between claiming a sum and adding it, so that waits find sums it is still adding.
+  int test_add_delay_us_ = 0;
 };
 
 /// The kMismatch text of a sum whose ranks passed different counts (`counts` by rank): the

@@ -446,6 +446,7 @@ void sync_batch_norm_forward(Communicator& comm, const TensorView& x, const Tens
                              const TensorView& running_var, int64_t* num_batches_tracked,
                              const TensorView& y, const TensorView& save_mean,
                              const TensorView& save_invstd, const BatchNormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   sync_batch_norm_forward_start(comm, x, gamma, beta, running_mean, running_var,
                                 num_batches_tracked, y, save_mean, save_invstd, opt)
       .finish();
@@ -467,6 +468,7 @@ void sync_batch_norm_backward(Communicator& comm, const TensorView& dy, const Te
                               const TensorView& save_invstd, const TensorView& dx,
                               const TensorView& dgamma, const TensorView& dbeta,
                               const BatchNormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   sync_batch_norm_backward_start(comm, dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta, opt)
       .finish();
 }

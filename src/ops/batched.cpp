@@ -219,6 +219,7 @@ PendingCall batched_norm_forward_start(Communicator& comm, const RowNormItem* it
 
 void batched_norm_forward(Communicator& comm, const RowNormItem* items, size_t count,
                           const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   batched_norm_forward_start(comm, items, count, opt).finish();
 }
 
@@ -231,6 +232,7 @@ PendingCall batched_norm_backward_start(Communicator& comm, const RowNormGradIte
 
 void batched_norm_backward(Communicator& comm, const RowNormGradItem* items, size_t count,
                            const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   batched_norm_backward_start(comm, items, count, opt).finish();
 }
 

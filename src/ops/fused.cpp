@@ -337,6 +337,7 @@ void fused_add_layer_norm_forward(Communicator& comm, const TensorView& x, const
                                   double alpha, const TensorView& gamma, const TensorView& beta,
                                   const TensorView& h, const TensorView& y, const TensorView& mean,
                                   const TensorView& rstd, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   fused_add_layer_norm_forward_start(comm, x, f, alpha, gamma, beta, h, y, mean, rstd, opt)
       .finish();
 }
@@ -358,6 +359,7 @@ void fused_add_layer_norm_backward(Communicator& comm, const TensorView& dy,
                                    const TensorView& rstd, double alpha, const TensorView& dx,
                                    const TensorView& df, const TensorView& dgamma,
                                    const TensorView& dbeta, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   fused_add_layer_norm_backward_start(comm, dy, dh_extra, h, gamma, mean, rstd, alpha, dx, df,
                                       dgamma, dbeta, opt)
       .finish();
@@ -376,6 +378,7 @@ void fused_add_rms_norm_forward(Communicator& comm, const TensorView& x, const T
                                 double alpha, const TensorView& gamma, const TensorView& h,
                                 const TensorView& y, const TensorView& rstd,
                                 const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   fused_add_rms_norm_forward_start(comm, x, f, alpha, gamma, h, y, rstd, opt).finish();
 }
 
@@ -394,6 +397,7 @@ void fused_add_rms_norm_backward(Communicator& comm, const TensorView& dy,
                                  const TensorView& gamma, const TensorView& rstd, double alpha,
                                  const TensorView& dx, const TensorView& df,
                                  const TensorView& dgamma, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   fused_add_rms_norm_backward_start(comm, dy, dh_extra, h, gamma, rstd, alpha, dx, df, dgamma, opt)
       .finish();
 }

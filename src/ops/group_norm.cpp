@@ -328,6 +328,7 @@ PendingCall group_norm_forward_start(Communicator& comm, const TensorView& x,
 void group_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
                         const TensorView& gamma, const TensorView& beta, const TensorView& y,
                         const TensorView& mean, const TensorView& rstd, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   group_norm_forward_start(comm, x, cg, gamma, beta, y, mean, rstd, opt).finish();
 }
 
@@ -347,6 +348,7 @@ void group_norm_backward(Communicator& comm, const TensorView& dy, const TensorV
                          const ChannelGroups& cg, const TensorView& gamma, const TensorView& mean,
                          const TensorView& rstd, const TensorView& dx, const TensorView& dgamma,
                          const TensorView& dbeta, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   group_norm_backward_start(comm, dy, x, cg, gamma, mean, rstd, dx, dgamma, dbeta, opt).finish();
 }
 
@@ -361,6 +363,7 @@ PendingCall instance_norm_forward_start(Communicator& comm, const TensorView& x,
 void instance_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
                            const TensorView& gamma, const TensorView& beta, const TensorView& y,
                            const TensorView& mean, const TensorView& rstd, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   instance_norm_forward_start(comm, x, cg, gamma, beta, y, mean, rstd, opt).finish();
 }
 
@@ -379,6 +382,7 @@ void instance_norm_backward(Communicator& comm, const TensorView& dy, const Tens
                             const TensorView& mean, const TensorView& rstd, const TensorView& dx,
                             const TensorView& dgamma, const TensorView& dbeta,
                             const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   instance_norm_backward_start(comm, dy, x, cg, gamma, mean, rstd, dx, dgamma, dbeta, opt).finish();
 }
 

@@ -254,7 +254,27 @@ class StartedOp {
 };
 
 /// Starts `op` on `comm` for the split-phase API (tpnorm/split.h); the handle owns the spec.
+/// Unless a BlockingCall is active on this thread, the sums the start left in flight are handed
+/// to the communicator's progress (Communicator::progress_in_background).
 PendingCall start_op(Communicator& comm, std::unique_ptr<OpSpec> op);
+
+/// Marks a blocking public call (its own `_start(...).finish()`) on the calling thread: its
+/// wait follows the start at once, so handing its sums to a progress thread would only cost a
+/// wake-up. A scope, so that nested or throwing calls restore it.
+class BlockingCall {
+ public:
+  BlockingCall() noexcept { ++depth(); }
+  ~BlockingCall() { --depth(); }
+  BlockingCall(const BlockingCall&) = delete;
+  BlockingCall& operator=(const BlockingCall&) = delete;
+  static bool active() noexcept { return depth() > 0; }
+
+ private:
+  static int& depth() noexcept {
+    thread_local int d = 0;
+    return d;
+  }
+};
 
 /// Runs `op` on `comm`: start and finish at once (the blocking calls).
 inline void run_op(Communicator& comm, OpSpec& op) { StartedOp(comm, op).finish(); }

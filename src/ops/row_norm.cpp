@@ -181,6 +181,7 @@ PendingCall layer_norm_forward_start(Communicator& comm, const TensorView& x,
 void layer_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
                         const TensorView& beta, const TensorView& y, const TensorView& mean,
                         const TensorView& rstd, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   layer_norm_forward_start(comm, x, gamma, beta, y, mean, rstd, opt).finish();
 }
 
@@ -197,6 +198,7 @@ void layer_norm_backward(Communicator& comm, const TensorView& dy, const TensorV
                          const TensorView& gamma, const TensorView& mean, const TensorView& rstd,
                          const TensorView& dx, const TensorView& dgamma, const TensorView& dbeta,
                          const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   layer_norm_backward_start(comm, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, opt).finish();
 }
 
@@ -208,6 +210,7 @@ PendingCall rms_norm_forward_start(Communicator& comm, const TensorView& x, cons
 
 void rms_norm_forward(Communicator& comm, const TensorView& x, const TensorView& gamma,
                       const TensorView& y, const TensorView& rstd, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   rms_norm_forward_start(comm, x, gamma, y, rstd, opt).finish();
 }
 
@@ -222,6 +225,7 @@ PendingCall rms_norm_backward_start(Communicator& comm, const TensorView& dy, co
 void rms_norm_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
                        const TensorView& gamma, const TensorView& rstd, const TensorView& dx,
                        const TensorView& dgamma, const NormOptions& opt) {
+  const detail::BlockingCall blocking;  // its wait follows at once
   rms_norm_backward_start(comm, dy, x, gamma, rstd, dx, dgamma, opt).finish();
 }
 

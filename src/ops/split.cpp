@@ -26,7 +26,9 @@ void PendingCall::finish() {
 namespace detail {
 
 PendingCall start_op(Communicator& comm, std::unique_ptr<OpSpec> op) {
-  return PendingCall(std::make_unique<StartedOp>(comm, std::move(op)));
+  PendingCall call(std::make_unique<StartedOp>(comm, std::move(op)));
+  if (!BlockingCall::active()) comm.progress_in_background();
+  return call;
 }
 
 }  // namespace detail

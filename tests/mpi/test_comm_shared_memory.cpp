@@ -8,16 +8,22 @@
 // - ranks passing different counts: kMismatch with the same text on every rank, also for a sum
 //   completed early by a later start (thrown at its own wait), and the sums after it right;
 // - fp32 / fp64 / int64 sums bitwise equal to the contributions added in rank order (what the
-//   MPI exchange does) and to a communicator made with TPNORM_SHM=0, and near a float64 sum.
+//   MPI exchange does) and to a communicator made with TPNORM_SHM=0, and near a float64 sum;
+// - the progress thread: sums handed to it (progress_in_background) are added while no rank
+//   waits, blocking sums never reach it, and waits that race it (each sum added once, by one
+//   of them) give the same bits, mismatches included.
 // Every communicator here has a 60 s watchdog: a protocol that hangs ends the test, not CI.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -45,18 +51,21 @@ std::unique_ptr<Communicator> make_comm() {
   return c;
 }
 
-// A communicator on the point-to-point exchange whatever the environment says.
-std::unique_ptr<Communicator> make_message_comm() {
-  const char* v = std::getenv("TPNORM_SHM");
+// A communicator made with the environment variable `name` set to `value` for the while.
+std::unique_ptr<Communicator> make_comm_with(const char* name, const char* value) {
+  const char* v = std::getenv(name);
   const std::string saved = v ? v : "";
-  setenv("TPNORM_SHM", "0", 1);
+  setenv(name, value, 1);
   auto c = make_comm();
   if (v)
-    setenv("TPNORM_SHM", saved.c_str(), 1);
+    setenv(name, saved.c_str(), 1);
   else
-    unsetenv("TPNORM_SHM");
+    unsetenv(name);
   return c;
 }
+
+// A communicator on the point-to-point exchange whatever the environment says.
+std::unique_ptr<Communicator> make_message_comm() { return make_comm_with("TPNORM_SHM", "0"); }
 
 // Rank r's value at element i of sum k: not exactly representable sums of mixed magnitudes,
 // so the order of the additions shows in the bits.
@@ -84,14 +93,19 @@ T rank_order_sum(int k, size_t i) {
   for (int r = 1; r < world_size(); ++r) acc += contribution<T>(r, k, i);
   return acc;
 }
+// Elements of v that differ from the rank-order sum, on this rank (no collective).
 template <class T>
-int64_t not_rank_order(const std::vector<T>& v, int k) {
+int64_t not_rank_order_local(const std::vector<T>& v, int k) {
   int64_t w = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     const T want = rank_order_sum<T>(k, i);
     w += std::memcmp(&v[i], &want, sizeof(T)) != 0;
   }
-  return sum_over_ranks(w);
+  return w;
+}
+template <class T>
+int64_t not_rank_order(const std::vector<T>& v, int k) {
+  return sum_over_ranks(not_rank_order_local(v, k));
 }
 
 TEST(CommSharedMemory, SmallSumsTakeSharedMemoryUnlessTurnedOff) {
@@ -247,6 +261,103 @@ TEST(CommSharedMemory, Fp32SameBitsAsTheExchange) { same_bits_as_the_exchange<fl
 TEST(CommSharedMemory, Fp64SameBitsAsTheExchange) { same_bits_as_the_exchange<double>(DType::F64); }
 TEST(CommSharedMemory, Int64SameBitsAsTheExchange) {
   same_bits_as_the_exchange<int64_t>(DType::I64);
+}
+
+// Polls until the progress thread has added `want` sums (it runs on its own; a loaded machine
+// only delays it), at most 60 s.
+uint64_t background_sums_reaching(const Communicator& comm, uint64_t want) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (mpi_background_sums(comm) < want && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return mpi_background_sums(comm);
+}
+
+TEST(CommSharedMemory, HandedOverSumsAreAddedWhileNoRankWaits) {
+  auto comm = make_comm();
+  const size_t limit = comm->size_checked_sum_bytes() / sizeof(double);
+  const int n = kSlots + 4;  // more than a ring: the thread's reads free the slots
+  std::vector<std::vector<double>> bufs;
+  std::vector<Communicator::Request> reqs;
+  for (int k = 0; k < n; ++k) bufs.push_back(mine<double>(k, 1 + (k * 613u) % limit));
+  for (int k = 0; k < kSlots; ++k)
+    reqs.push_back(comm->start_all_reduce_sum(bufs[k].data(), bufs[k].size(), DType::F64));
+  comm->progress_in_background();
+  const uint64_t want = shm_expected() ? kSlots : 0;
+  EXPECT_EQ(background_sums_reaching(*comm, want), want);
+  // Every slot was read by the peers' threads: these starts reuse them without any wait.
+  for (int k = kSlots; k < n; ++k)
+    reqs.push_back(comm->start_all_reduce_sum(bufs[k].data(), bufs[k].size(), DType::F64));
+  comm->progress_in_background();
+  EXPECT_EQ(background_sums_reaching(*comm, shm_expected() ? n : 0), shm_expected() ? n : 0);
+  for (int j = 0; j < n; ++j) comm->wait(reqs[(j + 3 * world_rank()) % n]);
+  for (int k = 0; k < n; ++k) EXPECT_EQ(not_rank_order(bufs[k], k), 0) << "sum " << k;
+  // Blocking sums and sums waited without the hand-over are the waits' own.
+  const uint64_t before = mpi_background_sums(*comm);
+  std::vector<double> v = mine<double>(7, 100), w = mine<double>(8, 3);
+  comm->all_reduce_sum(v.data(), v.size(), DType::F64);
+  auto r = comm->start_all_reduce_sum(w.data(), w.size(), DType::F64);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  comm->wait(r);
+  EXPECT_EQ(mpi_background_sums(*comm), before);
+  EXPECT_EQ(not_rank_order(v, 7), 0);
+  EXPECT_EQ(not_rank_order(w, 8), 0);
+}
+
+// The thread and the waits race for each sum (claimed by one of them): waits right after the
+// hand-over or after a rank-dependent pause of 0-39 us (the thread wakes within some of them
+// and is adding the largest sum when the wait comes), in a rank-dependent order, a sum whose
+// counts differ now and then; every result must be the rank-order sum, every mismatch the
+// same text.
+void waits_racing_the_thread(Communicator& c) {
+  Communicator* comm = &c;
+  const size_t limit = std::min<size_t>(comm->size_checked_sum_bytes() / sizeof(float), 16384);
+  const bool odd = world_rank() == world_size() - 1;
+  int64_t wrong = 0, mismatches = 0;
+  std::string texts;
+  for (int round = 0; round < 600; ++round) {
+    const bool bad = world_size() > 1 && round % 111 == 5;
+    std::vector<std::vector<float>> bufs;
+    std::vector<Communicator::Request> reqs;
+    for (int j = 0; j < 3; ++j) {
+      const int k = 3 * round + j;
+      const size_t len = bad && j == 1 ? (odd ? 5 : 6) : j == 0 ? limit : 1 + (k * 331u) % limit;
+      bufs.push_back(mine<float>(k % 50, len));
+      reqs.push_back(comm->start_all_reduce_sum(bufs[j].data(), len, DType::F32));
+    }
+    comm->progress_in_background();
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::microseconds((round * 7 + world_rank() * 13) % 40);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    for (int i = 0; i < 3; ++i) {
+      const int j = (i + round + world_rank()) % 3;
+      try {
+        comm->wait(reqs[j]);
+        wrong += not_rank_order_local(bufs[j], (3 * round + j) % 50);
+      } catch (const Error& e) {
+        ++mismatches;
+        texts = e.what();
+      }
+    }
+  }
+  EXPECT_EQ(sum_over_ranks(wrong), 0);
+  const int64_t bad_rounds = world_size() > 1 ? 6 : 0;  // rounds 5, 116, 227, 338, 449, 560
+  EXPECT_EQ(mismatches, bad_rounds);
+  if (bad_rounds) {
+    std::string want =
+        "tpnorm: all_reduce_sum: the ranks disagree on the size of a sum: counts by rank [";
+    for (int r = 0; r < world_size(); ++r) want += (r ? ", " : "") + std::string(r == world_size() - 1 ? "5" : "6");
+    EXPECT_EQ(texts, want + "]");
+  }
+  EXPECT_EQ(comm->in_flight(), 0u);
+}
+
+TEST(CommSharedMemory, WaitsRacingTheProgressThreadGiveTheSameBits) {
+  waits_racing_the_thread(*make_comm());
+  // The thread pausing 200 us between claiming a sum and adding it: waits that come then
+  // must wait for it (the test hook of comm/shm_exchange.cpp, read when the thread starts).
+  auto slow = make_comm_with("TPNORM_SHM_TEST_ADD_DELAY_US", "200");
+  waits_racing_the_thread(*slow);
 }
 
 }  // namespace

@@ -7,12 +7,16 @@
 // - a bad argument on one rank throws from the start on every rank, nothing left in flight;
 //   past the strict calls a disagreement throws from finish() on every rank;
 // - a handle dropped on ONE rank without finish(): no hang, nothing written, the next call
-//   fails on every rank naming the dropped call, the one after works.
+//   fails on every rank naming the dropped call, the one after works;
+// - a started call's sums are added by the communicator's progress thread while no rank is in
+//   tpnorm (shared-memory sums), a blocking call's never; the same bits either way.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "expect_error.h"
@@ -123,6 +127,47 @@ TEST(SplitPhase, SeveralInFlightMatchReferenceAndBlockingCall) {
   EXPECT_EQ(dxl, dxl2);
   EXPECT_EQ(dgl, dgl2);
   EXPECT_EQ(dbl, dbl2);
+}
+
+TEST(SplitPhase, StartedCallsAreSummedInTheBackgroundBlockingCallsAreNot) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  const char* v = std::getenv("TPNORM_SHM");
+  const bool shm = world_size() > 1 && !(v && std::strcmp(v, "0") == 0);
+  RowCase q(51, 7, 9 * world_size() + 2, 0.5), k(52, 33, 4 * world_size() + 3, -2.0);
+  std::vector<float> yq(q.x.size()), rq(q.R), yk(k.x.size()), rk(k.R);
+  std::vector<float> yq2(yq.size()), rq2(rq.size()), yk2(yk.size()), rk2(rk.size());
+  rms_norm_forward(*comm, view(q.x.data(), {q.R, q.h}), view(q.g.data(), {q.h}),
+                   view(yq2.data(), {q.R, q.h}), view(rq2.data(), {q.R}));
+  rms_norm_forward(*comm, view(k.x.data(), {k.R, k.h}), view(k.g.data(), {k.h}),
+                   view(yk2.data(), {k.R, k.h}), view(rk2.data(), {k.R}));
+  EXPECT_EQ(mpi_background_sums(*comm), 0u) << "a blocking call handed its sum over";
+
+  PendingCall pq =
+      rms_norm_forward_start(*comm, view(q.x.data(), {q.R, q.h}), view(q.g.data(), {q.h}),
+                             view(yq.data(), {q.R, q.h}), view(rq.data(), {q.R}));
+  PendingCall pk =
+      rms_norm_forward_start(*comm, view(k.x.data(), {k.R, k.h}), view(k.g.data(), {k.h}),
+                             view(yk.data(), {k.R, k.h}), view(rk.data(), {k.R}));
+  // Nobody waits: the thread adds both calls' sums (one each, header inside) on its own.
+  const uint64_t want = shm ? 2 : 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (mpi_background_sums(*comm) < want && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(mpi_background_sums(*comm), want);
+  pk.finish();
+  pq.finish();
+  EXPECT_EQ(yq, yq2);
+  EXPECT_EQ(rq, rq2);
+  EXPECT_EQ(yk, yk2);
+  EXPECT_EQ(rk, rk2);
+  const RowRef refq = row_norm_reference(false, q.X, q.R, q.H, q.G, {}, 1e-5);
+  const RowRef refk = row_norm_reference(false, k.X, k.R, k.H, k.G, {}, 1e-5);
+  int64_t wrong = 0;
+  wrong += count_wrong("q y", yq, q.mine(refq.y), 1e-4, 1e-4);
+  wrong += count_wrong("q rstd", rq, refq.rstd, 0, 1e-5);
+  wrong += count_wrong("k y", yk, k.mine(refk.y), 1e-4, 1e-4);
+  wrong += count_wrong("k rstd", rk, refk.rstd, 0, 1e-5);
+  EXPECT_EQ(sum_over_ranks(wrong), 0);
 }
 
 // Outputs of one op, for comparing a started-then-finished call with the blocking call.

@@ -42,6 +42,7 @@ class HeaderFirstCommunicator final : public tpnorm::Communicator {
   void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, tpnorm::DType dtype) override {
     started_[id] = inner_->start_all_reduce_sum(buf, count, dtype);
   }
+  void do_progress_in_background() override { inner_->progress_in_background(); }
   void do_wait(uint64_t id) override {
     Request r = started_[id];
     started_.erase(id);
