@@ -79,6 +79,7 @@ struct Shape {
 struct Plan {
   int64_t chunks = 1;     ///< collectives of the payload (1: not chunked)
   int64_t chunk_rows = 0; ///< rows per chunk (the last one may have fewer); rows when 1 chunk
+  int64_t depth = 1;      ///< chunk sums in flight beyond the one being applied
   int64_t begin(int64_t k) const { return k * chunk_rows; }
   int64_t end(int64_t k, int64_t rows) const { return std::min(rows, (k + 1) * chunk_rows); }
 };

@@ -66,11 +66,14 @@ struct PayloadSize {
 /// Rows [begin, end) of a chunked call (ops/chunking.h): the runner runs partial_rows on each
 /// chunk, sums each chunk's payload slice in its own collective, and runs apply_rows on each
 /// chunk in order; `first` and `last` mark the call's first and last chunk; `size` is the
-/// plan's rows per chunk (chunk 0's rows; the last chunk may have fewer).
+/// plan's rows per chunk (chunk 0's rows; the last chunk may have fewer). For apply_rows,
+/// [next_begin, next_end) are the rows whose partial_rows runs next (empty: none): a host apply,
+/// which computes from cache, may prefetch their inputs meanwhile.
 struct ChunkRows {
   int64_t begin = 0, end = 0;
   bool first = true, last = true;
   int64_t size = 0;
+  int64_t next_begin = 0, next_end = 0;
 };
 
 /// What the runner needs to plan the chunks of a call whose statistics are per row; every field

@@ -28,6 +28,10 @@ RowRun chunk_run(RowRun run, const ChunkRows& c, int64_t rows) {
   run.row0 = c.begin;
   run.call_rows = rows;
   run.param_last = c.last;
+  if (!run.fused) {  // one rank: no partial runs, nothing to prefetch for it
+    run.pf_begin = c.next_begin;
+    run.pf_end = c.next_end;
+  }
   return run;
 }
 template <class Tensor>

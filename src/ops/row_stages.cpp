@@ -21,6 +21,20 @@ kc::RowNormArgs kernel_args(const RowGeometry& g, bool centered, RowRun run) {
   return k;
 }
 
+// RowRun's prefetch rows as kernel pointers: view v holds rows from run.row0 on (a chunk's
+// slice of the call's tensor), the prefetched rows lie further in the same tensor.
+void prefetch_args(kc::RowNormArgs& k, const TensorView& x, const TensorView& dy, RowRun run) {
+  if (run.pf_end <= run.pf_begin || !x.data) return;
+  const auto at = [&](const TensorView& v) -> const void* {
+    if (!v.data) return nullptr;
+    return static_cast<const char*>(v.data) +
+           static_cast<size_t>((run.pf_begin - run.row0) * k.h) * dtype_size(v.dtype);
+  };
+  k.pf_x = at(x);
+  k.pf_dy = at(dy);
+  k.pf_rows = run.pf_end - run.pf_begin;
+}
+
 // Rows [r0, r1) of a view of rows x h elements (leading dims flattened); absent stays absent.
 TensorView row_slice(const TensorView& v, int64_t r0, int64_t r1, int64_t h) {
   if (!v.present() || !v.data) return v;
@@ -188,6 +202,7 @@ void row_forward_partial(const RowForward& a, DType wire, void* stats, RowRun ru
 void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, double eps,
                        RowRun run) {
   kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  prefetch_args(k, a.x, TensorView{}, run);
   const std::vector<double> exact = exact_final_stats(k, true, stats, wire, n);
   with_row_ptrs(a, saved_dtype(a.mean, a.rstd), [&](const auto& p) {
     dispatch_acc(wire, [&](auto w) {
@@ -212,6 +227,7 @@ void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun 
 
 void row_backward_apply(const RowBackward& a, DType wire, void* stats, double n, RowRun run) {
   kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
+  prefetch_args(k, a.x, a.dy, run);
   const std::vector<double> exact = exact_final_stats(k, false, stats, wire, n);
   with_row_ptrs(a, a.rstd.dtype, [&](const auto& p) {
     dispatch_acc(wire, [&](auto w) {

@@ -94,6 +94,9 @@ struct RowRun {
   int64_t row0 = 0, call_rows = 0;
   double* param_acc = nullptr;
   bool param_last = true;
+  /// Rows [pf_begin, pf_end) of the call (not of the chunk), which the apply prefetches: the
+  /// next chunk's partial reads them (OpSpec's ChunkRows::next_begin). Empty: none.
+  int64_t pf_begin = 0, pf_end = 0;
 };
 
 /// Rows [r0, r1) of a row tensor's views (data offset, leading dims flattened), as a tensor of

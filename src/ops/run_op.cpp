@@ -189,7 +189,7 @@ void StartedOp::start() {
     }
     plan_chunks(info, req);
     if (plan_.chunks > 1) {
-      for (int64_t k = 0; k < std::min<int64_t>(2, plan_.chunks); ++k) {
+      for (int64_t k = 0; k < std::min<int64_t>(plan_.depth + 1, plan_.chunks); ++k) {
         partial_chunk(k);
         start_chunk(k);
       }
@@ -281,23 +281,32 @@ void StartedOp::apply_chunk(int64_t k) {
     comm_.wait(sums_[static_cast<size_t>(k)]);
   }
   nvtx::Phase phase(trace_, "apply");
-  if (on_device_)
+  if (on_device_) {
     op_.apply_rows_device(call_, *dev_, chunk(k));
-  else
-    op_.apply_rows(call_, chunk(k));
+  } else {
+    // The partial that runs after this apply (finish()'s order): its rows are prefetched.
+    ChunkRows c = chunk(k);
+    const int64_t n = k + plan_.depth + 1;
+    if (n < plan_.chunks && partials_ <= n) {
+      c.next_begin = plan_.begin(n);
+      c.next_end = plan_.end(n, rows_);
+    }
+    op_.apply_rows(call_, c);
+  }
 }
 
 void StartedOp::finish() {
   if (finished_) return;
   finished_ = true;  // a finish that throws (a failed call) is finished too: nothing to redo
   if (plan_.chunks > 1) {
-    // wait(0) + apply(0), partial(2), sum(2), wait(1) + apply(1), ...: chunk k+1's sum is in
-    // flight while chunk k is applied, chunk k+2's partial runs while chunk k+1's sum is.
+    // wait(0) + apply(0), partial(2), sum(2), wait(1) + apply(1), ... (plan_.depth = 1):
+    // chunk k+1's sum is in flight while chunk k is applied, chunk k+2's partial runs while
+    // chunk k+1's sum is; the apply of chunk k prefetches chunk k+2's inputs (apply_chunk).
     for (int64_t k = 0; k < plan_.chunks; ++k) {
-      const int64_t next = k + 1;
-      if (next < plan_.chunks && static_cast<int64_t>(sums_.size()) <= next) {
-        if (partials_ <= next) partial_chunk(next);
-        start_chunk(next);
+      const int64_t next = std::min(k + plan_.depth, plan_.chunks - 1);
+      for (auto j = static_cast<int64_t>(sums_.size()); j <= next; ++j) {
+        if (partials_ <= j) partial_chunk(j);
+        start_chunk(j);
       }
       apply_chunk(k);
     }

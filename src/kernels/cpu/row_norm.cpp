@@ -16,7 +16,11 @@
 // - Loops prefetch their inputs kAheadBytes ahead (into the next row), so memory reads overlap
 //   the arithmetic and the writes: one thread otherwise waits on memory while it sums a row,
 //   then computes without reading memory. (The fused forward's sums pass runs without: it
-//   measured faster; its first 4 KiB were prefetched by the previous row's apply loop.)
+//   measured faster; its first 4 KiB were prefetched by the previous row's apply loop.) The
+//   partials prefetch too (they read x, and dy, straight from memory at P > 1).
+// - A chunk of a chunked call (ops/chunking.h) is applied from cache; its apply prefetches the
+//   rows the next chunk's partial reads (RowNormArgs::pf_x) instead of its own next rows, so
+//   that memory reads continue while the apply computes, as in the fused kernels.
 //   Outputs larger than the last-level cache are written with streaming stores from registers.
 // - dgamma/dbeta are summed in float32 for kParamRows rows at a time, then added in double:
 //   the double accumulators (16 bytes a column) are touched once per block, not once per row.
@@ -69,7 +73,7 @@ const T* ahead(const RowNormArgs& a, const T* base, int64_t r) {
 
 // One row's forward partial: centred {sum x, sum x^2} or RMS {sum x^2} into st.
 template <class T, class W>
-inline void forward_sums(const RowNormArgs& a, const T* xr, W* st) {
+inline void forward_sums(const RowNormArgs& a, const T* xr, W* st, const T* pf = nullptr) {
   W s1 = 0, s2 = 0;
   if (a.h > 0) {
     if constexpr (std::is_same_v<W, double>) {
@@ -83,7 +87,7 @@ inline void forward_sums(const RowNormArgs& a, const T* xr, W* st) {
             const V d = load_as<V>(xr + j) - splat<V>(pivot);
             return Two<V>{d, d * d};
           },
-          d1, d2);
+          d1, d2, pf);
       const double p = pivot, hh = static_cast<double>(a.h);
       s1 = p * hh + d1;
       s2 = d2 + 2.0 * p * d1 + p * p * hh;
@@ -95,7 +99,7 @@ inline void forward_sums(const RowNormArgs& a, const T* xr, W* st) {
             const V u = load_as<V>(xr + j);
             return Two<V>{u, u * u};
           },
-          s1, s2);
+          s1, s2, pf);
     }
   }
   if (a.centered) {
@@ -393,7 +397,12 @@ struct BackwardRows {
       for (int i = 0; i < g; ++i) {
         nxt[i] = row(r + i);
         // The group pass prefetches the same columns g rows on, what it reads next.
-        if (r + i + g < a.rows) {
+        if (a.pf_x) {  // a chunk in cache: the rows the next chunk's partial reads instead
+          if (r + i < a.pf_rows) {
+            nxt[i].pfx = static_cast<const T*>(a.pf_x) + (r + i) * a.h;
+            if (a.pf_dy) nxt[i].pfy = static_cast<const T*>(a.pf_dy) + (r + i) * a.h;
+          }
+        } else if (r + i + g < a.rows) {
           nxt[i].pfx = nxt[i].x + g * a.h;
           nxt[i].pfy = nxt[i].dy + g * a.h;
         }
@@ -434,7 +443,7 @@ template <class T, class W>
 void row_partial_forward(const RowNormArgs& a, const T* x, W* stats) {
   const int k = a.centered ? 2 : 1;
 #pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
-  for (int64_t r = 0; r < a.rows; ++r) forward_sums(a, x + r * a.h, stats + r * k);
+  for (int64_t r = 0; r < a.rows; ++r) forward_sums(a, x + r * a.h, stats + r * k, ahead(a, x, r));
 }
 
 template <class T, class P, class W, class S>
@@ -469,7 +478,10 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P
       float mh, mt;
       split_mean(mu, mh, mt);
       const float rs = static_cast<float>(rs_w);
-      write_row(y + r * h, h, stream, ahead(a, x, r), static_cast<const T*>(nullptr),
+      const T* pf = !a.pf_x ? ahead(a, x, r)
+                    : r < a.pf_rows ? static_cast<const T*>(a.pf_x) + r * h
+                                    : nullptr;
+      write_row(y + r * h, h, stream, pf, static_cast<const T*>(nullptr),
                 [=](int64_t j, auto tag) {
                   using V = decltype(tag);
                   const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
@@ -492,7 +504,7 @@ void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P
     float mh = 0, mt = 0;
     if (a.centered) split_mean(mean[r], mh, mt);
     backward_sums(a, dy + r * h, x + r * h, gamma, mh, mt, static_cast<float>(rstd[r]),
-                  stats + r * k);
+                  stats + r * k, ahead(a, dy, r), ahead(a, x, r));
   }
 }
 

@@ -41,6 +41,12 @@ struct RowNormArgs {
   /// one thread, and with final_stats at any thread count.
   double* param_acc = nullptr;
   bool param_last = true;
+  /// Chunked calls: the rows the call reads next (the partial of a later chunk), prefetched
+  /// by the apply while it computes from cache, row i of this call with row i of these:
+  /// x (and dy backward) of pf_rows rows of h columns, the same type as x. Null: none.
+  const void* pf_x = nullptr;
+  const void* pf_dy = nullptr;
+  int64_t pf_rows = 0;
 };
 
 /// Doubles of RowNormArgs::param_acc for a call (a.call_rows or a.rows rows, a.threads).
