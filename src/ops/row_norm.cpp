@@ -113,11 +113,14 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
   }
   void partial(PackedCall& call) override {
     if (!args_.run.fused)
-      row_backward_partial(args_.a, call.wire(), call.payload_data(), args_.run);
+      row_backward_partial(args_.a, call.wire(), call.payload_data(),
+                           params_run(call, args_.run, true, false, true));
   }
   void apply(PackedCall& call) override {
     check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
-    row_backward_apply(args_.a, call.wire(), call.payload_data(), call.global_count(), args_.run);
+    row_backward_apply(args_.a, call.wire(), call.payload_data(), call.global_count(),
+                       params_run(call, args_.run, false, false, true));
+    param_acc_ = {};
   }
 
   // Device chunks (ops/cuda/row_chunks_cuda.h): not for Stats::kExact, whose dgamma/dbeta
@@ -130,17 +133,16 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
   void partial_rows(PackedCall& call, const ChunkRows& c) override {
     if (!args_.run.fused)
       row_backward_partial(rows_of(args_.a, c.begin, c.end), call.wire(),
-                           stats_at(call, c, width()), chunk_run(args_.run, c, args_.a.g.rows));
+                           stats_at(call, c, width()),
+                           params_run(call, chunk_run(args_.run, c, args_.a.g.rows), true, true,
+                                      c.first));
   }
   // dgamma/dbeta: one accumulator for the call's chunks, in the order of the unchunked call
   // (row_stages.h RowRun::param_acc); written by the last chunk.
   void apply_rows(PackedCall& call, const ChunkRows& c) override {
-    RowRun run = chunk_run(args_.run, c, args_.a.g.rows);
-    if (c.first) {
-      check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
-      param_acc_.assign(row_backward_acc_size(args_.a, call.wire(), run), 0.0);
-    }
-    run.param_acc = param_acc_.data();
+    if (c.first) check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
+    const RowRun run =
+        params_run(call, chunk_run(args_.run, c, args_.a.g.rows), false, true, c.first);
     row_backward_apply(rows_of(args_.a, c.begin, c.end), call.wire(), stats_at(call, c, width()),
                        call.global_count(), run);
     if (c.last) param_acc_ = {};
@@ -148,6 +150,17 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
 
  private:
   int64_t width() const { return row_stat_width(args_.a.centered, args_.opt.stats, false); }
+  // The run of a stage with the dgamma/dbeta accumulator: summed by the partials where they
+  // can (RowRun::params_in_partial: the apply only writes dx), by the applies otherwise (an
+  // unchunked apply then keeps its own). The first stage of the call that sums zeroes it.
+  RowRun params_run(PackedCall& call, RowRun run, bool partial, bool chunked, bool first) {
+    run.params_in_partial = row_backward_params_in_partial(args_.a, call.wire(), run);
+    if (!run.params_in_partial && !chunked) return run;
+    if (first && partial == run.params_in_partial)
+      param_acc_.assign(row_backward_acc_size(args_.a, call.wire(), run), 0.0);
+    run.param_acc = param_acc_.data();
+    return run;
+  }
   std::vector<double> param_acc_;
 };
 

@@ -18,6 +18,7 @@ kc::RowNormArgs kernel_args(const RowGeometry& g, bool centered, RowRun run) {
   k.call_rows = run.call_rows;
   k.param_acc = run.param_acc;
   k.param_last = run.param_last;
+  k.params_in_partial = run.params_in_partial;
   return k;
 }
 
@@ -140,6 +141,10 @@ RowBackward rows_of(const RowBackward& a, int64_t r0, int64_t r1) {
   c.rstd = row_slice(a.rstd, r0, r1, 1);
   c.g.rows = r1 - r0;
   return c;
+}
+
+bool row_backward_params_in_partial(const RowBackward& a, DType wire, RowRun run) {
+  return !run.fused && wire != DType::I64 && (a.dgamma.data || (a.centered && a.dbeta.data));
 }
 
 size_t row_backward_acc_size(const RowBackward& a, DType wire, RowRun run) {

@@ -94,6 +94,10 @@ struct RowRun {
   int64_t row0 = 0, call_rows = 0;
   double* param_acc = nullptr;
   bool param_last = true;
+  /// Backward: the partial sums dgamma/dbeta into param_acc, the apply only writes them
+  /// (kernels/cpu/row_norm.h RowNormArgs::params_in_partial; not with Stats::kExact, whose
+  /// partial is another kernel, nor fused). param_acc is then given to both stages.
+  bool params_in_partial = false;
   /// Rows [pf_begin, pf_end) of the call (not of the chunk), which the apply prefetches: the
   /// next chunk's partial reads them (OpSpec's ChunkRows::next_begin). Empty: none.
   int64_t pf_begin = 0, pf_end = 0;
@@ -125,5 +129,8 @@ void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun 
 void row_backward_apply(const RowBackward& a, DType wire, void* stats, double n, RowRun run);
 /// Doubles of RowRun::param_acc for a chunked backward call of `a` (the whole call's rows).
 size_t row_backward_acc_size(const RowBackward& a, DType wire, RowRun run);
+/// Whether the partial of `a` may sum dgamma/dbeta (RowRun::params_in_partial): a float wire,
+/// not fused, and dgamma or dbeta asked for.
+bool row_backward_params_in_partial(const RowBackward& a, DType wire, RowRun run);
 
 }  // namespace tpnorm::detail

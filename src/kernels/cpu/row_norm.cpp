@@ -437,6 +437,62 @@ struct BackwardRows {
   }
 };
 
+// The backward partial with dgamma/dbeta (RowNormArgs::params_in_partial, P > 1): the fused
+// kernel's group pass — row sums and dgamma/dbeta in one read of x and dy — so that the apply,
+// from cache in a chunked call, only writes dx. Threads, groups and float32 flushes as in
+// row_apply_backward's segments (and group_pass's sums in backward_sums' order): the same bits.
+// x is prefetched one group on by the group pass, dy here, block by block.
+template <int kM, class T, class P, class W, class S>
+void partial_with_params(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
+                         const S* mean, const S* rstd, W* stats) {
+  const int64_t h = a.h;
+  const int nt = thread_count(a.threads, a.rows);
+  const int k = a.centered ? 2 : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const int64_t q = a.rows / nt, extra = a.rows % nt;
+    const int64_t r0 = t * q + std::min<int64_t>(t, extra), r1 = r0 + q + (t < extra ? 1 : 0);
+    ParamSums ps(h);
+    ps.bind(a.param_acc + static_cast<size_t>(t) * 2 * h);
+    BackwardRow<T, W> rw[kGroup];
+    for (int64_t r = r0; r < r1;) {
+      const int64_t most = std::is_same_v<T, float> ? kGroup : 1;
+      const int g = static_cast<int>(std::min<int64_t>({most, r1 - r, kParamRows - ps.pending}));
+      const bool more = r + 2 * g <= a.rows;  // the next group, as far as it has g rows
+      for (int i = 0; i < g; ++i) {
+        BackwardRow<T, W>& w = rw[i];
+        w = BackwardRow<T, W>{};
+        w.x = x + (r + i) * h;
+        w.dy = dy + (r + i) * h;
+        if (kM != kRms) split_mean(mean[r + i], w.mh, w.mt);
+        w.rs = static_cast<float>(rstd[r + i]);
+        if (more) w.pfx = w.x + g * h;
+      }
+      for (int64_t j0 = 0; j0 < h; j0 += kBlock) {
+        const int64_t j1 = std::min(h, j0 + kBlock);
+        group_pass<true, true, kM>(g, rw, gamma, j0, j1, ps.dgf, ps.dbf);
+        if (more)
+          for (int i = 0; i < g; ++i)
+            for (int64_t j = j0; j < j1; j += 64 / static_cast<int64_t>(sizeof(T)))
+              __builtin_prefetch(rw[i].dy + g * h + j, 0, 2);
+      }
+      for (int i = 0; i < g; ++i) {
+        W* st = stats + (r + i) * k;
+        if (a.centered) {
+          st[0] = rw[i].s1;
+          st[1] = rw[i].s2;
+        } else {
+          st[0] = rw[i].s2;
+        }
+      }
+      if ((ps.pending += g) == kParamRows) ps.flush();
+      r += g;
+    }
+    if (ps.pending > 0) ps.flush();
+  }
+}
+
 }  // namespace
 
 template <class T, class W>
@@ -497,6 +553,12 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P
 template <class T, class P, class W, class S>
 void row_partial_backward(const RowNormArgs& a, const T* dy, const T* x, const P* gamma,
                           const S* mean, const S* rstd, W* stats) {
+  if (a.params_in_partial) {
+    constexpr int kMean = std::is_same_v<S, float> ? kHead : kFull;
+    if (a.centered)
+      return partial_with_params<kMean>(a, dy, x, gamma, mean, rstd, stats);
+    return partial_with_params<kRms>(a, dy, x, gamma, mean, rstd, stats);
+  }
   const int64_t h = a.h;
   const int k = a.centered ? 2 : 1;
 #pragma omp parallel for num_threads(thread_count(a.threads, a.rows)) schedule(static)
@@ -515,6 +577,8 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
   const int64_t h = a.h;
   const int nt = thread_count(a.threads, a.rows);
   const bool params = dgamma || dbeta;
+  // dgamma/dbeta summed here, or already by the partial (params_in_partial): then only written.
+  const bool sum_params = params && !a.params_in_partial;
   // Per-thread column sums in double, added in a fixed order: deterministic for a thread count.
   // With final_stats: per-block sums instead (kFixedRows rows of the call), deterministic for
   // any thread count. A chunked call (a.param_acc) keeps them across its chunks.
@@ -539,18 +603,18 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
     // one more), so that the per-thread sums do not change with this loop's form.
     const int64_t q = items / nt, extra = items % nt;
     const int64_t i0 = t * q + std::min<int64_t>(t, extra), i1 = i0 + q + (t < extra ? 1 : 0);
-    ParamSums ps(params ? h : 0);
+    ParamSums ps(sum_params ? h : 0);
     for (int64_t item = i0; item < i1;) {
       // A segment: one fixed block of the call (its own slot; this chunk's rows of it), or the
       // thread's whole range (its slot t).
       const int64_t slot = fixed ? first + item : t, last = fixed ? item + 1 : i1;
       const int64_t r0 = fixed ? std::max<int64_t>(0, (first + item) * span - a.row0) : item;
       const int64_t r1 = fixed ? std::min(a.rows, (first + item + 1) * span - a.row0) : last;
-      if (params) ps.bind(acc + static_cast<size_t>(slot) * 2 * h);
+      if (sum_params) ps.bind(acc + static_cast<size_t>(slot) * 2 * h);
       if (rms)
-        kr.segment(r0, r1, params ? &ps : nullptr);
+        kr.segment(r0, r1, sum_params ? &ps : nullptr);
       else
-        k.segment(r0, r1, params ? &ps : nullptr);
+        k.segment(r0, r1, sum_params ? &ps : nullptr);
       item = last;
     }
     if (stream) stream_fence();

@@ -41,6 +41,11 @@ struct RowNormArgs {
   /// one thread, and with final_stats at any thread count.
   double* param_acc = nullptr;
   bool param_last = true;
+  /// Backward, float statistics, not fused (P > 1): the partial sums dgamma/dbeta into
+  /// param_acc (zeroed by the caller, row_param_acc_size doubles) while it reads x and dy for
+  /// the row sums, and the apply (given the same param_acc) only writes dx and, with
+  /// param_last, dgamma/dbeta: the same bits as summing them in the apply.
+  bool params_in_partial = false;
   /// Chunked calls: the rows the call reads next (the partial of a later chunk), prefetched
   /// by the apply while it computes from cache, row i of this call with row i of these:
   /// x (and dy backward) of pf_rows rows of h columns, the same type as x. Null: none.
