@@ -83,6 +83,9 @@ struct ChunkInfo {
   int64_t width = 0;         ///< payload values per row
   int64_t reread_bytes = 0;  ///< input bytes per element the apply re-reads (x; x and dy)
   int64_t local_bytes = 0;   ///< this rank's re-read bytes (rows x columns x reread_bytes)
+  /// Whether TPNORM_CHUNK=auto may chunk this op on a host (measured to pay there: the row
+  /// norms); the others are chunked only when forced.
+  bool host_auto = false;
 };
 
 class OpSpec {

@@ -136,6 +136,9 @@ class PackedCall {
   ///                         kernels check (each slice's wait orders the device work after it).
   void force_strict();
   bool strict() const { return strict_; }
+  /// Whether this strict call's header rides inside its one payload sum (a size-checked sum:
+  /// small calls; the same on every rank), instead of going first in its own sum.
+  bool check_in_sum() const;
   void check_header_first();
   Communicator::Request start_slice(size_t first, size_t count);
 
@@ -144,7 +147,6 @@ class PackedCall {
     const char* name;
     double value;
   };
-  bool check_in_sum() const;
   void wait_checked(Communicator::Request& r);
   void write_header(void* base, DType as) const;
   void check_header(const void* base, DType as);

@@ -37,7 +37,8 @@ RowRun chunk_run(RowRun run, const ChunkRows& c, int64_t rows) {
 template <class Tensor>
 ChunkInfo row_chunk_info(const Tensor& a, Stats stats, bool forward) {
   const auto reread = static_cast<int64_t>(dtype_size(a.x.dtype)) * (forward ? 1 : 2);
-  return {a.g.rows, row_stat_width(a.centered, stats, forward), reread, a.g.rows * a.g.h * reread};
+  return {a.g.rows, row_stat_width(a.centered, stats, forward), reread, a.g.rows * a.g.h * reread,
+          true};
 }
 
 void agree_rows(PackedCall& call, const TensorView& x, int64_t rows, bool centered,

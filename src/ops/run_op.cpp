@@ -5,7 +5,6 @@
 #include <exception>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "common/exact_sum.h"
@@ -54,9 +53,9 @@ const char* traced(const Communicator& comm, const OpSpec& op) {
   return comm.device().kind != DeviceKind::CPU ? op.name() : nullptr;
 }
 
-// The chunk rule (ops/chunking.h): on a host, from this machine's caches; on a device, chunks of
-// a quarter of an H200's 50 MB L2. Auto chunks neither (host: measured not to pay on the
-// development machine; device: not measured yet); TPNORM_CHUNK=on uses these sizes.
+// The chunk rule (ops/chunking.h): on a host, chunks of this core's L2, auto on (measured to
+// pay at 2 ranks); on a device, chunks of a quarter of an H200's 50 MB L2, auto off (not
+// measured yet; TPNORM_CHUNK=on uses that size).
 chunking::Rule chunk_rule(bool on_device) {
   if (on_device) {
     chunking::Rule r;
@@ -64,9 +63,7 @@ chunking::Rule chunk_rule(bool on_device) {
     r.chunk_bytes = int64_t{12} << 20;
     return r;
   }
-  static const chunking::Rule host =
-      chunking::host_rule(kernels::cpu::l2_cache_bytes(), kernels::cpu::last_level_cache_bytes(),
-                          static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  static const chunking::Rule host = chunking::host_rule(kernels::cpu::l2_cache_bytes());
   return host;
 }
 
@@ -168,15 +165,24 @@ void StartedOp::start() {
   if (op_.collective()) call_.begin_check();
 
   // Chunks need the global column count, i.e. the header's sum: auto chunking runs on strict
-  // calls at P > 1 (on MPI communicators every call is strict) where the rule allows it (today
-  // nowhere: see chunk_rule), forced chunking on every call. A rank whose own share is large waits for the header before its partial, so that its
+  // calls at P > 1 (on MPI communicators every call is strict) where the rule allows it (host
+  // calls of at least min_chunks chunks per rank: see chunk_rule), forced chunking on every
+  // call. A rank whose own share is large waits for the header before its partial, so that its
   // chunks' partials can be pipelined; the others run the whole partial first (its latency
   // stays hidden) and plan after it. Both plan the same chunks from agreed values.
   const ChunkInfo info = chunkable ? op_.chunk_info() : ChunkInfo{};
   const chunking::Rule rule = chunk_rule(on_device_);
+  // Planning needs the header's own sum first: auto leaves a call whose header would ride in
+  // its one sum (a small payload) at one collective, unless it has rule.header_rows rows (then
+  // one more small sum, so that a large call with a small payload, RMSNorm's 4096 rows, can be
+  // chunked). Both are agreed (rows, payload size, P). On a host auto chunks only the ops
+  // measured to pay (ChunkInfo::host_auto: the row norms, not the fused residual norms nor
+  // SyncBatchNorm).
   const bool may_chunk =
       chunkable && call_.strict() && info.rows >= 2 && req.mode != chunking::Mode::kOff &&
-      (req.mode == chunking::Mode::kOn || (rule.auto_chunks && comm_.size() > 1));
+      (req.mode == chunking::Mode::kOn ||
+       (rule.auto_chunks && (on_device_ || info.host_auto) && comm_.size() > 1 &&
+        (!call_.check_in_sum() || info.rows >= rule.header_rows)));
   // Device calls always take the pipelined path: the chunked backward adds its column sums
   // chunk by chunk into chunk 0's scratch slices (ops/cuda/row_chunks_cuda.h), which one whole
   // partial would not leave.
