@@ -250,7 +250,8 @@ TEST(SplitPhase, EveryOpStartedTogetherGivesTheBlockingBits) {
   const Outs blocking = run(false), split = run(true);
   int64_t differ = 0;
   for (size_t i = 0; i < blocking.size(); ++i)
-    if (std::memcmp(blocking[i].data(), split[i].data(), blocking[i].size() * 4) != 0) {
+    if (!blocking[i].empty() &&
+        std::memcmp(blocking[i].data(), split[i].data(), blocking[i].size() * 4) != 0) {
       ADD_FAILURE() << "output " << i << " differs";
       ++differ;
     }
