@@ -67,10 +67,11 @@ chunking::Rule chunk_rule(bool on_device) {
   return host;
 }
 
-// TPNORM_CHUNK as an agreement field: ranks that would plan differently disagree.
-double chunk_field(const chunking::Request& r) {
+// TPNORM_CHUNK as an agreement field: ranks that would plan differently disagree. Auto is
+// two values where a started call would not chunk and a blocking one could (see start()).
+double chunk_field(const chunking::Request& r, bool started_unchunked) {
   if (r.mode == chunking::Mode::kOff) return -1;
-  if (r.mode == chunking::Mode::kAuto) return -2;
+  if (r.mode == chunking::Mode::kAuto) return started_unchunked ? -3 : -2;
   return static_cast<double>(r.rows);
 }
 
@@ -150,9 +151,16 @@ void StartedOp::start() {
   // chunking checks the header first in every call, as strict calls do.
   const bool chunkable = op_.collective() && op_.chunkable(on_device_);
   chunking::Request req;
+  const ChunkInfo info = chunkable ? op_.chunk_info() : ChunkInfo{};
+  // Whether this call chunks under auto depends on the call being blocking (see may_chunk):
+  // agreed where it can make a difference, so that ranks mixing a blocking and a started call
+  // there disagree on every rank instead of making different collectives.
+  const bool host_auto_blocking =
+      !on_device_ && comm_.size() > 1 && info.host_auto && BlockingCall::active();
   if (chunkable) {
     req = chunking::parse(std::getenv("TPNORM_CHUNK"));
-    call_.agree("chunking", chunk_field(req));
+    call_.agree("chunking", chunk_field(req, !on_device_ && comm_.size() > 1 && info.host_auto &&
+                                                 !BlockingCall::active()));
     if (req.mode == chunking::Mode::kOn) call_.force_strict();
   }
   const PayloadSize size = op_.payload();
@@ -170,7 +178,6 @@ void StartedOp::start() {
   // call. A rank whose own share is large waits for the header before its partial, so that its
   // chunks' partials can be pipelined; the others run the whole partial first (its latency
   // stays hidden) and plan after it. Both plan the same chunks from agreed values.
-  const ChunkInfo info = chunkable ? op_.chunk_info() : ChunkInfo{};
   const chunking::Rule rule = chunk_rule(on_device_);
   // Planning needs the header's own sum first: auto leaves a call whose header would ride in
   // its one sum (a small payload) at one collective, unless it has rule.header_rows rows (then
@@ -178,10 +185,14 @@ void StartedOp::start() {
   // chunked). Both are agreed (rows, payload size, P). On a host auto chunks only the ops
   // measured to pay (ChunkInfo::host_auto: the row norms, not the fused residual norms nor
   // SyncBatchNorm).
+  // Auto never chunks a started call on a host (tpnorm/split.h, no BlockingCall scope): its
+  // caller overlaps the call's one collective with its own work, and the chunks' sums, waited
+  // one by one inside finish() after their partials, would bring the wait back (measured with
+  // examples/overlap: 3-17 ms in finish() instead of ~5 us). TPNORM_CHUNK=on still chunks it.
   const bool may_chunk =
       chunkable && call_.strict() && info.rows >= 2 && req.mode != chunking::Mode::kOff &&
       (req.mode == chunking::Mode::kOn ||
-       (rule.auto_chunks && (on_device_ || info.host_auto) && comm_.size() > 1 &&
+       (rule.auto_chunks && (on_device_ || host_auto_blocking) && comm_.size() > 1 &&
         (!call_.check_in_sum() || info.rows >= rule.header_rows)));
   // Device calls always take the pipelined path: the chunked backward adds its column sums
   // chunk by chunk into chunk 0's scratch slices (ops/cuda/row_chunks_cuda.h), which one whole

@@ -302,7 +302,7 @@ TEST(ChunkedCallsSplitPhase, DroppedChunkedHandle) {
 
 // The rule. TPNORM_CHUNK unset ("auto"): one payload sum for a small call; on a host at P >= 2
 // a large one in chunks of one L2 (ops/chunking.h host_rule, measured to pay), with the bits of
-// TPNORM_CHUNK=off's one sum. At one rank nothing is chunked.
+// TPNORM_CHUNK=off's one sum, unless it is a started call. At one rank nothing is chunked.
 TEST(ChunkedCallsRule, AutoKeepsOneSumOnSmallCallsAndChunksLargeOnes) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   ChunkEnv e(nullptr);
@@ -334,6 +334,19 @@ TEST(ChunkedCallsRule, AutoKeepsOneSumOnSmallCallsAndChunksLargeOnes) {
   EXPECT_EQ(y1, y2);
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(r1, r2);
+  // A started call keeps one payload sum under auto (its caller overlaps it; see run_op.cpp),
+  // with the same bits.
+  std::vector<float> y3(x.size()), m3(R), r3(R);
+  comm->reset_counters();
+  PendingCall started = layer_norm_forward_start(*comm, view(x.data(), sh), view(g.data(), p),
+                                                 view(b.data(), p), view(y3.data(), sh),
+                                                 view(m3.data(), rr), view(r3.data(), rr));
+  started.finish();
+  EXPECT_EQ(comm->counters().calls, unchunked_calls(*comm, comm->counters()))
+      << "auto: a started call in chunks";
+  EXPECT_EQ(y1, y3);
+  EXPECT_EQ(m1, m3);
+  EXPECT_EQ(r1, r3);
 }
 
 // The fused residual add + LayerNorm, forward and backward (with dh_extra), chunked: the
