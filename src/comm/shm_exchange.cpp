@@ -107,10 +107,9 @@ ShmExchange::~ShmExchange() {
   MPI_Win_free(&win_);  // each process unmaps its own view: peers still reading keep theirs
 }
 
-ShmExchange::Sum* ShmExchange::find(uint64_t n) {
-  for (const std::shared_ptr<Sum>& s : sums_in_flight_)
-    if (s->n == n) return s.get();
-  return nullptr;
+std::vector<std::shared_ptr<ShmExchange::Sum>>::iterator ShmExchange::find(uint64_t n) {
+  return std::find_if(sums_in_flight_.begin(), sums_in_flight_.end(),
+                      [&](const std::shared_ptr<Sum>& s) { return s->n == n; });
 }
 
 template <class Ready>
@@ -128,7 +127,8 @@ void ShmExchange::start(uint64_t n, void* buf, int count, DType dtype, Idle& idl
   if (uses_[s] > 0) {
     // The slot's last sum must have been read by every peer. Complete this rank's own copy of
     // it first (see the header: then every peer that gets here reads it too).
-    if (Sum* old = find(last_[s])) collect(*old, idle);
+    const auto old = find(last_[s]);
+    if (old != sums_in_flight_.end()) collect(**old, idle);
     const uint64_t need = uses_[s] * static_cast<uint64_t>(size_ - 1);
     std::atomic<uint64_t>& r = reads(rank_, n).reads;
     spin([&] { return r.load(std::memory_order_acquire) >= need; }, idle);
@@ -205,8 +205,7 @@ void ShmExchange::reduce(Sum& s, std::vector<int>& counts) {
 // microsecond on the development VM), so the wait path touches few: no allocation, no
 // reference counting; the finished record is kept for a later start.
 void ShmExchange::finish(uint64_t n, Idle& idle, bool may_throw) {
-  auto it = std::find_if(sums_in_flight_.begin(), sums_in_flight_.end(),
-                         [&](const std::shared_ptr<Sum>& s) { return s->n == n; });
+  const auto it = find(n);
   if (it == sums_in_flight_.end()) return;
   Sum& s = **it;
   collect(s, idle);

@@ -138,7 +138,8 @@ class ShmExchange {
     ErrorCode code = ErrorCode::kMismatch;
     std::string error;  // set when collected with an error; thrown by finish
   };
-  Sum* find(uint64_t n);
+  // Sum n in sums_in_flight_ (end(): completed, or never started here).
+  std::vector<std::shared_ptr<Sum>>::iterator find(uint64_t n);
   // A record for a new sum: a finished one no longer held by the progress thread, or new.
   std::shared_ptr<Sum> fresh_sum();
   static constexpr size_t kSpares = 4;

@@ -152,15 +152,14 @@ void StartedOp::start() {
   const bool chunkable = op_.collective() && op_.chunkable(on_device_);
   chunking::Request req;
   const ChunkInfo info = chunkable ? op_.chunk_info() : ChunkInfo{};
-  // Whether this call chunks under auto depends on the call being blocking (see may_chunk):
-  // agreed where it can make a difference, so that ranks mixing a blocking and a started call
-  // there disagree on every rank instead of making different collectives.
-  const bool host_auto_blocking =
-      !on_device_ && comm_.size() > 1 && info.host_auto && BlockingCall::active();
+  // Auto chunks a host call only when it is blocking (see may_chunk); where that can make a
+  // difference it is agreed, so that ranks mixing a blocking and a started call there disagree
+  // on every rank instead of making different collectives.
+  const bool host_auto = !on_device_ && comm_.size() > 1 && info.host_auto;
+  const bool blocking = BlockingCall::active();
   if (chunkable) {
     req = chunking::parse(std::getenv("TPNORM_CHUNK"));
-    call_.agree("chunking", chunk_field(req, !on_device_ && comm_.size() > 1 && info.host_auto &&
-                                                 !BlockingCall::active()));
+    call_.agree("chunking", chunk_field(req, host_auto && !blocking));
     if (req.mode == chunking::Mode::kOn) call_.force_strict();
   }
   const PayloadSize size = op_.payload();
@@ -184,15 +183,14 @@ void StartedOp::start() {
   // one more small sum, so that a large call with a small payload, RMSNorm's 4096 rows, can be
   // chunked). Both are agreed (rows, payload size, P). On a host auto chunks only the ops
   // measured to pay (ChunkInfo::host_auto: the row norms, not the fused residual norms nor
-  // SyncBatchNorm).
-  // Auto never chunks a started call on a host (tpnorm/split.h, no BlockingCall scope): its
+  // SyncBatchNorm), and never a started call (tpnorm/split.h, no BlockingCall scope): its
   // caller overlaps the call's one collective with its own work, and the chunks' sums, waited
   // one by one inside finish() after their partials, would bring the wait back (measured with
   // examples/overlap: 3-17 ms in finish() instead of ~5 us). TPNORM_CHUNK=on still chunks it.
   const bool may_chunk =
       chunkable && call_.strict() && info.rows >= 2 && req.mode != chunking::Mode::kOff &&
       (req.mode == chunking::Mode::kOn ||
-       (rule.auto_chunks && (on_device_ || host_auto_blocking) && comm_.size() > 1 &&
+       (rule.auto_chunks && (on_device_ || (host_auto && blocking)) && comm_.size() > 1 &&
         (!call_.check_in_sum() || info.rows >= rule.header_rows)));
   // Device calls always take the pipelined path: the chunked backward adds its column sums
   // chunk by chunk into chunk 0's scratch slices (ops/cuda/row_chunks_cuda.h), which one whole

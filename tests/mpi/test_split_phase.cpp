@@ -62,6 +62,15 @@ struct RowCase {
     b = columns(B, 1, H, c0, h);
     dy = columns(DY, R, H, c0, h);
   }
+  // RMSNorm forward of this rank's shard into y, r (blocking, or started).
+  void rms(Communicator& c, std::vector<float>& y, std::vector<float>& r) const {
+    rms_norm_forward(c, view(x.data(), {R, h}), view(g.data(), {h}), view(y.data(), {R, h}),
+                     view(r.data(), {R}));
+  }
+  PendingCall rms_start(Communicator& c, std::vector<float>& y, std::vector<float>& r) const {
+    return rms_norm_forward_start(c, view(x.data(), {R, h}), view(g.data(), {h}),
+                                  view(y.data(), {R, h}), view(r.data(), {R}));
+  }
   std::vector<double> mine(const std::vector<double>& full) const {
     std::vector<double> m(static_cast<size_t>(R * h));
     for (int64_t r = 0; r < R; ++r)
@@ -82,12 +91,8 @@ TEST(SplitPhase, SeveralInFlightMatchReferenceAndBlockingCall) {
                      view(yl.data(), sl), view(ml.data(), rows_l), view(rl.data(), rows_l));
 
   comm->reset_counters();
-  PendingCall pq =
-      rms_norm_forward_start(*comm, view(q.x.data(), {q.R, q.h}), view(q.g.data(), {q.h}),
-                             view(yq.data(), {q.R, q.h}), view(rq.data(), {q.R}));
-  PendingCall pk =
-      rms_norm_forward_start(*comm, view(k.x.data(), {k.R, k.h}), view(k.g.data(), {k.h}),
-                             view(yk.data(), {k.R, k.h}), view(rk.data(), {k.R}));
+  PendingCall pq = q.rms_start(*comm, yq, rq);
+  PendingCall pk = k.rms_start(*comm, yk, rk);
   PendingCall pl_ = layer_norm_backward_start(*comm, view(l.dy.data(), sl), view(l.x.data(), sl),
                                               view(l.g.data(), pl), view(ml.data(), rows_l),
                                               view(rl.data(), rows_l), view(dxl.data(), sl),
@@ -117,8 +122,7 @@ TEST(SplitPhase, SeveralInFlightMatchReferenceAndBlockingCall) {
   // The blocking calls give the same bits.
   std::vector<float> yq2(yq.size()), rq2(rq.size()), dxl2(dxl.size()), dgl2(dgl.size()),
       dbl2(dbl.size());
-  rms_norm_forward(*comm, view(q.x.data(), {q.R, q.h}), view(q.g.data(), {q.h}),
-                   view(yq2.data(), {q.R, q.h}), view(rq2.data(), {q.R}));
+  q.rms(*comm, yq2, rq2);
   layer_norm_backward(*comm, view(l.dy.data(), sl), view(l.x.data(), sl), view(l.g.data(), pl),
                       view(ml.data(), rows_l), view(rl.data(), rows_l), view(dxl2.data(), sl),
                       view(dgl2.data(), pl), view(dbl2.data(), pl));
@@ -136,18 +140,12 @@ TEST(SplitPhase, StartedCallsAreSummedInTheBackgroundBlockingCallsAreNot) {
   RowCase q(51, 7, 9 * world_size() + 2, 0.5), k(52, 33, 4 * world_size() + 3, -2.0);
   std::vector<float> yq(q.x.size()), rq(q.R), yk(k.x.size()), rk(k.R);
   std::vector<float> yq2(yq.size()), rq2(rq.size()), yk2(yk.size()), rk2(rk.size());
-  rms_norm_forward(*comm, view(q.x.data(), {q.R, q.h}), view(q.g.data(), {q.h}),
-                   view(yq2.data(), {q.R, q.h}), view(rq2.data(), {q.R}));
-  rms_norm_forward(*comm, view(k.x.data(), {k.R, k.h}), view(k.g.data(), {k.h}),
-                   view(yk2.data(), {k.R, k.h}), view(rk2.data(), {k.R}));
+  q.rms(*comm, yq2, rq2);
+  k.rms(*comm, yk2, rk2);
   EXPECT_EQ(mpi_background_sums(*comm), 0u) << "a blocking call handed its sum over";
 
-  PendingCall pq =
-      rms_norm_forward_start(*comm, view(q.x.data(), {q.R, q.h}), view(q.g.data(), {q.h}),
-                             view(yq.data(), {q.R, q.h}), view(rq.data(), {q.R}));
-  PendingCall pk =
-      rms_norm_forward_start(*comm, view(k.x.data(), {k.R, k.h}), view(k.g.data(), {k.h}),
-                             view(yk.data(), {k.R, k.h}), view(rk.data(), {k.R}));
+  PendingCall pq = q.rms_start(*comm, yq, rq);
+  PendingCall pk = k.rms_start(*comm, yk, rk);
   // Nobody waits: the thread adds both calls' sums (one each, header inside) on its own.
   const uint64_t want = shm ? 2 : 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
