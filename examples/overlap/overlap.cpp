@@ -19,7 +19,10 @@
 //    costs), and which path the communicator's small sums took (shared memory or messages,
 //    TPNORM_SHM=0), and a floor: adding two local copies of the payload written before the
 //    matmul, timed after it (what any reduction done in finish() costs once the matmul has
-//    pushed its data out of the caches, with no communication at all).
+//    pushed its data out of the caches, with no communication at all). With shared-memory sums
+//    finish() does no reduction: the communicator's progress thread added the sum during the
+//    matmul, and the wait only reads a completion word in the communicator (README
+//    "Split-phase calls"), so the exposed time can be below this floor.
 // Times: per iteration the slowest rank's, median over iterations (each after a barrier).
 #include <mpi.h>
 

@@ -27,4 +27,9 @@ uint64_t mpi_shared_memory_sums(const Communicator& comm);
 /// progress_in_background); the others were added by their wait.
 uint64_t mpi_background_sums(const Communicator& comm);
 
+/// Waits on `comm`'s started sums that found their sum already added without error (by the
+/// progress thread) and returned at once, touching only the communicator itself (for tests
+/// and benchmarks: the quick path actually taken; README "Split-phase calls").
+uint64_t mpi_quick_waits(const Communicator& comm);
+
 }  // namespace tpnorm

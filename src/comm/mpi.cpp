@@ -13,6 +13,7 @@
 #include "tpnorm/mpi.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +41,7 @@ class MpiCommunicator final : public Communicator {
     // Collective (every rank constructs): the window, or nullptr on every rank alike.
     shm_ = detail::ShmExchange::create(comm_, rank_, size_, size_checked_sum_bytes(),
                                        detail::ShmExchange::enabled_by_env());
+    if (shm_) shm_->set_completion_words(done_words_);
     // Every call checks the header first: its sum is non-blocking and hides under the partial
     // (see README "Agreement on every call").
     set_default_strict_calls(-1);
@@ -50,6 +52,7 @@ class MpiCommunicator final : public Communicator {
     if (finalized) return;
     // Sums started and never waited: complete them (the peers started them too) before the
     // communicator goes, so that no request outlives it. Errors cannot be thrown from here.
+    // (Sums waited on the quick path are among them: their completion finds them done.)
     for (Pending& p : pending_) complete(p, /*may_throw=*/false);
     for (Retired& r : retired_)
       MPI_Waitall(static_cast<int>(r.reqs.size()), r.reqs.data(), MPI_STATUSES_IGNORE);
@@ -70,9 +73,11 @@ class MpiCommunicator final : public Communicator {
   }
   uint64_t shared_memory_sums() const { return shm_ ? shm_->sums() : 0; }
   uint64_t background_sums() const { return shm_ ? shm_->background_sums() : 0; }
+  uint64_t quick_waits() const { return quick_waits_; }
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
+    settle_quick_waits();
     if (!(timeout() > 0) &&
         !(shm_ && exchanges(count * dtype_size(dtype)))) {  // watchdog off: the blocking call,
                                                             // which costs less (see README)
@@ -86,7 +91,9 @@ class MpiCommunicator final : public Communicator {
     complete(p, true);
   }
   void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, DType dtype) override {
+    settle_quick_waits();
     pending_.push_back(start(id, buf, count, dtype));
+    if (pending_.back().shm) quick_[id % kQuick] = {id, pending_.back().nth};
   }
   // Only the shared-memory sums have a progress thread: the MPI paths progress inside MPI
   // calls, which only this thread makes.
@@ -94,6 +101,19 @@ class MpiCommunicator final : public Communicator {
     if (shm_) shm_->progress_in_background();
   }
   void do_wait(uint64_t id) override {
+    // The quick path: a shared-memory sum that is already in the buffer, without error (added
+    // by the progress thread while the caller computed). It reads only this object (see
+    // quick_); its records are put away by the next call (settle_quick_waits).
+    Quick& q = quick_[id % kQuick];
+    if (q.id == id && settle_count_ < kQuick &&
+        done_words_[q.nth % detail::ShmExchange::kSlots].load(std::memory_order_acquire) ==
+            q.nth + 1) {
+      q.id = 0;  // a copy of the request waited again finds nothing
+      to_settle_[settle_count_++] = id;
+      ++quick_waits_;
+      return;
+    }
+    settle_quick_waits();
     for (size_t i = 0; i < pending_.size(); ++i) {
       if (pending_[i].id != id) continue;
       Pending p = std::move(pending_[i]);
@@ -408,6 +428,41 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  // The quick wait (do_wait). A wait after long work finds every line and page it touches
+  // cold (about a microsecond per page on the development VM); the lists below (pending_, the
+  // exchange's records) are each elsewhere in memory. So a started shared-memory sum is also
+  // noted here, in this object, which the wait reaches anyway: quick_[id % kQuick] maps the
+  // request to the sum's number, and the exchange raises done_words_[nth % kSlots] to nth + 1
+  // once the sum is in the buffer without error (shm_exchange.h, "Completion words"). A wait
+  // that finds its word there returns at once and leaves its id in to_settle_; the next call on
+  // this communicator (a start, a blocking sum, a wait that is not quick, the destructor)
+  // completes those sums as usual (they are done: nothing is waited, nothing thrown), which
+  // recycles their records. Only the caller's thread touches quick_ and to_settle_; the words
+  // are written by whichever thread adds the sum. Anything else (an older entry overwritten,
+  // a sum not yet done, an error) takes the usual path.
+  static constexpr size_t kQuick = 16;
+  struct Quick {
+    uint64_t id = 0;   // the request (0: none)
+    uint64_t nth = 0;  // its sum's number in shm_
+  };
+  alignas(64) std::atomic<uint64_t> done_words_[detail::ShmExchange::kSlots] = {};
+  Quick quick_[kQuick];
+  uint64_t to_settle_[kQuick] = {};
+  size_t settle_count_ = 0;
+  uint64_t quick_waits_ = 0;
+  void settle_quick_waits() {
+    for (size_t k = 0; k < settle_count_; ++k) {
+      for (size_t i = 0; i < pending_.size(); ++i) {
+        if (pending_[i].id != to_settle_[k]) continue;
+        Pending p = std::move(pending_[i]);
+        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+        complete(p, /*may_throw=*/false);  // done, without error: returns at once
+        break;
+      }
+    }
+    settle_count_ = 0;
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
@@ -458,6 +513,11 @@ uint64_t mpi_shared_memory_sums(const Communicator& comm) {
 uint64_t mpi_background_sums(const Communicator& comm) {
   const auto* m = dynamic_cast<const MpiCommunicator*>(&comm);
   return m ? m->background_sums() : 0;
+}
+
+uint64_t mpi_quick_waits(const Communicator& comm) {
+  const auto* m = dynamic_cast<const MpiCommunicator*>(&comm);
+  return m ? m->quick_waits() : 0;
 }
 
 }  // namespace tpnorm

@@ -198,6 +198,10 @@ void ShmExchange::reduce(Sum& s, std::vector<int>& counts) {
   // After the last load of the peers' data: each may now reuse its slot.
   for (int q = 0; q < size_; ++q)
     if (q != rank_) reads(q, s.n).reads.fetch_add(1, std::memory_order_release);
+  // Before kDone: a later sum on this word starts only after this one is done, so the word
+  // only grows (see the header).
+  if (s.error.empty() && done_words_)
+    done_words_[s.n % kSlots].store(s.n + 1, std::memory_order_release);  // buf is the waiter's
   s.state.store(kDone, std::memory_order_release);  // buf, code and error are the waiter's
 }
 
@@ -218,8 +222,7 @@ void ShmExchange::finish(uint64_t n, Idle& idle, bool may_throw) {
 
 std::shared_ptr<ShmExchange::Sum> ShmExchange::fresh_sum() {
   for (auto it = spare_.begin(); it != spare_.end(); ++it) {
-    if (it->use_count() != 1) continue;  // the progress thread still holds it
-    std::atomic_thread_fence(std::memory_order_acquire);  // after the thread's last use
+    if ((*it)->with_thread.load(std::memory_order_acquire)) continue;  // the thread uses it
     std::shared_ptr<Sum> s = std::move(*it);
     spare_.erase(it);
     s->state.store(kOpen, std::memory_order_relaxed);
@@ -243,7 +246,10 @@ void ShmExchange::progress_in_background() {
       return;  // no thread: the waits add the sums, as without this call
     }
   }
-  for (const std::shared_ptr<Sum>& s : fresh) s->handed = true;
+  for (const std::shared_ptr<Sum>& s : fresh) {
+    s->handed = true;
+    s->with_thread.store(true, std::memory_order_relaxed);  // published by mu_ below
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     queue_.insert(queue_.end(), fresh.begin(), fresh.end());
@@ -287,10 +293,12 @@ void ShmExchange::work() {
         }
         drop = true;
       }
-      if (drop)
+      if (drop) {
+        s.with_thread.store(false, std::memory_order_release);  // its last access: reusable
         held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
-      else
+      } else {
         ++i;
+      }
     }
     misses = added ? 0 : misses + 1;
   }

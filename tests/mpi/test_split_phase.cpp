@@ -9,7 +9,9 @@
 // - a handle dropped on ONE rank without finish(): no hang, nothing written, the next call
 //   fails on every rank naming the dropped call, the one after works;
 // - a started call's sums are added by the communicator's progress thread while no rank is in
-//   tpnorm (shared-memory sums), a blocking call's never; the same bits either way.
+//   tpnorm (shared-memory sums), a blocking call's never; the same bits either way;
+// - a started call finished after the thread added its sums takes the quick wait (it looks
+//   only at the communicator): the blocking bits, a rank with no column / no sample.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -22,6 +24,7 @@
 #include "expect_error.h"
 #include "harness.h"
 #include "mpi_world.h"
+#include "batch_norm_reference.h"
 #include "reference.h"
 #include "tpnorm/batch_norm.h"
 #include "tpnorm/batched.h"
@@ -166,6 +169,84 @@ TEST(SplitPhase, StartedCallsAreSummedInTheBackgroundBlockingCallsAreNot) {
   wrong += count_wrong("k y", yk, k.mine(refk.y), 1e-4, 1e-4);
   wrong += count_wrong("k rstd", rk, refk.rstd, 0, 1e-5);
   EXPECT_EQ(sum_over_ranks(wrong), 0);
+}
+
+// The quick wait (comm/mpi.cpp): a started call whose sums the progress thread has already
+// added is finished by waits that only look at the communicator. Its outputs must be the
+// blocking call's bits, on a rank with no column (RMSNorm, 3+ ranks) and a rank with no
+// sample (SyncBatchNorm, the last rank), several rounds (records recycled between them).
+TEST(SplitPhase, StartedCallFinishedAfterTheThreadAddedItGivesTheBlockingBits) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  const char* v = std::getenv("TPNORM_SHM");
+  const bool shm = world_size() > 1 && !(v && std::strcmp(v, "0") == 0);
+  RowCase q(71, 6, 6 * world_size() + 1, 1.5);
+  std::vector<float> yq(q.x.size()), rq(q.R), yq2(yq.size()), rq2(rq.size());
+  // SyncBatchNorm, NCHW [n, 3, 2, 2]: n = rank + 1 samples, none on the last rank.
+  const int64_t C = 3, S = 4, P = world_size();
+  int64_t total = 0, first = 0;
+  for (int r = 0; r < P; ++r) {
+    const int64_t n_r = r == P - 1 ? 0 : r + 1;
+    if (r < world_rank()) first += n_r;
+    total += n_r;
+  }
+  const int64_t n = world_rank() == P - 1 ? 0 : world_rank() + 1;
+  const std::vector<float> BX = normal(72, 0, static_cast<size_t>(total * C * S), 2.0, 3.0);
+  const std::vector<float> bx(BX.begin() + first * C * S, BX.begin() + (first + n) * C * S);
+  const std::vector<float> bg = normal(73, 0, C, 1.0, 0.3), bb = normal(74, 0, C);
+  const Shape bs{n, C, 2, 2}, cs{C};
+  std::vector<float> by(bx.size()), bm(C), bi(C), by2(bx.size()), bm2(C), bi2(C);
+  auto bn_start = [&] {
+    return sync_batch_norm_forward_start(*comm, view(bx.data(), bs), view(bg.data(), cs),
+                                         view(bb.data(), cs), {}, {}, nullptr,
+                                         view(by.data(), bs), view(bm.data(), cs),
+                                         view(bi.data(), cs));
+  };
+  q.rms(*comm, yq2, rq2);
+  sync_batch_norm_forward(*comm, view(bx.data(), bs), view(bg.data(), cs), view(bb.data(), cs),
+                          {}, {}, nullptr, view(by2.data(), bs), view(bm2.data(), cs),
+                          view(bi2.data(), cs));
+  EXPECT_EQ(mpi_quick_waits(*comm), 0u) << "a blocking call's wait took the quick path";
+
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::fill(yq.begin(), yq.end(), -7.f), std::fill(by.begin(), by.end(), -7.f);
+    const uint64_t calls = comm->counters().calls, added = mpi_background_sums(*comm),
+                   quick = mpi_quick_waits(*comm);
+    PendingCall pq = q.rms_start(*comm, yq, rq);
+    PendingCall pb = bn_start();
+    // Every sum of both calls is started (nothing was waited): the thread adds them all
+    // while this rank waits for nothing; then finish() finds them done.
+    const uint64_t started = comm->counters().calls - calls, want = shm ? started : 0;
+    EXPECT_EQ(comm->in_flight(), started);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (mpi_background_sums(*comm) - added < want && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(mpi_background_sums(*comm) - added, want);
+    pb.finish();
+    pq.finish();
+    EXPECT_EQ(comm->in_flight(), 0u);
+    EXPECT_EQ(mpi_quick_waits(*comm) - quick, want) << "finish() did not take the quick wait";
+    EXPECT_EQ(yq, yq2);
+    EXPECT_EQ(rq, rq2);
+    EXPECT_EQ(by, by2);
+    EXPECT_EQ(bm, bm2);
+    EXPECT_EQ(bi, bi2);
+  }
+  const RowRef refq = row_norm_reference(false, q.X, q.R, q.H, q.G, {}, 1e-5);
+  const BnRef refb = batch_norm_reference(BX, total, C, S, bg, bb, 1e-5);
+  const std::vector<double> bmine(refb.y.begin() + first * C * S,
+                                  refb.y.begin() + (first + n) * C * S);
+  int64_t wrong = 0;
+  wrong += count_wrong("q y", yq, q.mine(refq.y), 1e-4, 1e-4);
+  wrong += count_wrong("q rstd", rq, refq.rstd, 0, 1e-5);
+  wrong += count_wrong("bn y", by, bmine, 1e-4, 1e-4);
+  wrong += count_wrong("bn mean", bm, refb.mean, 1e-5, 1e-5);
+  EXPECT_EQ(sum_over_ranks(wrong), 0);
+  // The communicator stays usable: a blocking call after the quick waits (which put away
+  // the records the quick waits left) gives the same bits again.
+  std::vector<float> yq3(yq.size()), rq3(rq.size());
+  q.rms(*comm, yq3, rq3);
+  EXPECT_EQ(yq3, yq2);
 }
 
 // Outputs of one op, for comparing a started-then-finished call with the blocking call.
