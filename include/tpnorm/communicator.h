@@ -12,6 +12,7 @@
 // the same rule: every rank starts them in the same order; they may be waited in any order.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -149,6 +150,25 @@ class Communicator {
   /// The op name and call sequence at the time of the call (for requests that outlive it).
   const char* current_op() const { return current_op_; }
 
+  /// The quick wait, for backends whose started sums may be complete before their wait (the
+  /// MPI communicator's progress thread): `word` reaches `value` (a release store) once
+  /// started sum `id` is in the caller's buffer without error, and stays below `value` until
+  /// then. wait() loads it first (acquire) and, when it is there, returns without do_wait: a
+  /// wait after long work finds its code and data cold (about a microsecond per page on the
+  /// development VM), and this object is what it reaches anyway. The ids so waited are handed
+  /// to the backend by take_quick_waits() (at its next call; it completes their records then).
+  /// A wait whose note a later id took, or that finds kQuickWaits quick waits not yet taken,
+  /// goes to do_wait as before.
+  static constexpr size_t kQuickWaits = 16;
+  void note_quick_wait(uint64_t id, const std::atomic<uint64_t>* word, uint64_t value) {
+    quick_[id % kQuickWaits] = {id, word, value};
+  }
+  /// Copies the ids waited the quick way since the last take into `ids` (room for
+  /// kQuickWaits) and returns how many.
+  size_t take_quick_waits(uint64_t* ids);
+  /// Waits that took the quick path so far.
+  uint64_t quick_waits() const { return quick_waits_; }
+
  private:
   CommCounters counters_;
   uint64_t sequence_ = 0;
@@ -158,6 +178,16 @@ class Communicator {
   std::string abandoned_;
   uint64_t next_request_ = 0;
   size_t in_flight_ = 0;
+  // The quick wait (see note_quick_wait): entries by id % kQuickWaits, and the ids waited.
+  struct QuickWait {
+    uint64_t id = 0;  // 0: none
+    const std::atomic<uint64_t>* word = nullptr;
+    uint64_t value = 0;
+  };
+  QuickWait quick_[kQuickWaits];
+  uint64_t quick_taken_[kQuickWaits] = {};
+  size_t quick_count_ = 0;
+  uint64_t quick_waits_ = 0;
   static int64_t default_strict_calls();
   static bool strict_calls_from_env();
   static double default_timeout();

@@ -32,7 +32,24 @@ void Communicator::wait(Request& r) {
   const uint64_t id = r.id;
   r.id = 0;  // a failed wait is not retried: the transport is broken either way
   --in_flight_;
+  // The quick wait (see note_quick_wait): everything it reads is in this object, except the
+  // word, which the MPI communicator keeps in its own part of it.
+  QuickWait& q = quick_[id % kQuickWaits];
+  if (q.id == id && quick_count_ < kQuickWaits &&
+      q.word->load(std::memory_order_acquire) == q.value) {
+    q.id = 0;
+    quick_taken_[quick_count_++] = id;
+    ++quick_waits_;
+    return;
+  }
   do_wait(id);
+}
+
+size_t Communicator::take_quick_waits(uint64_t* ids) {
+  const size_t n = quick_count_;
+  for (size_t k = 0; k < n; ++k) ids[k] = quick_taken_[k];
+  quick_count_ = 0;
+  return n;
 }
 
 bool Communicator::strict_calls_from_env() {

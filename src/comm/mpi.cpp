@@ -73,7 +73,7 @@ class MpiCommunicator final : public Communicator {
   }
   uint64_t shared_memory_sums() const { return shm_ ? shm_->sums() : 0; }
   uint64_t background_sums() const { return shm_ ? shm_->background_sums() : 0; }
-  uint64_t quick_waits() const { return quick_waits_; }
+  using Communicator::quick_waits;
 
  protected:
   void do_all_reduce_sum(void* buf, size_t count, DType dtype) override {
@@ -93,7 +93,8 @@ class MpiCommunicator final : public Communicator {
   void do_start_all_reduce_sum(uint64_t id, void* buf, size_t count, DType dtype) override {
     settle_quick_waits();
     pending_.push_back(start(id, buf, count, dtype));
-    if (pending_.back().shm) quick_[id % kQuick] = {id, pending_.back().nth};
+    const Pending& p = pending_.back();
+    if (p.shm) note_quick_wait(id, &done_words_[p.nth % detail::ShmExchange::kSlots], p.nth + 1);
   }
   // Only the shared-memory sums have a progress thread: the MPI paths progress inside MPI
   // calls, which only this thread makes.
@@ -101,18 +102,6 @@ class MpiCommunicator final : public Communicator {
     if (shm_) shm_->progress_in_background();
   }
   void do_wait(uint64_t id) override {
-    // The quick path: a shared-memory sum that is already in the buffer, without error (added
-    // by the progress thread while the caller computed). It reads only this object (see
-    // quick_); its records are put away by the next call (settle_quick_waits).
-    Quick& q = quick_[id % kQuick];
-    if (q.id == id && settle_count_ < kQuick &&
-        done_words_[q.nth % detail::ShmExchange::kSlots].load(std::memory_order_acquire) ==
-            q.nth + 1) {
-      q.id = 0;  // a copy of the request waited again finds nothing
-      to_settle_[settle_count_++] = id;
-      ++quick_waits_;
-      return;
-    }
     settle_quick_waits();
     for (size_t i = 0; i < pending_.size(); ++i) {
       if (pending_[i].id != id) continue;
@@ -428,39 +417,30 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // The quick wait (do_wait). A wait after long work finds every line and page it touches
-  // cold (about a microsecond per page on the development VM); the lists below (pending_, the
-  // exchange's records) are each elsewhere in memory. So a started shared-memory sum is also
-  // noted here, in this object, which the wait reaches anyway: quick_[id % kQuick] maps the
-  // request to the sum's number, and the exchange raises done_words_[nth % kSlots] to nth + 1
-  // once the sum is in the buffer without error (shm_exchange.h, "Completion words"). A wait
-  // that finds its word there returns at once and leaves its id in to_settle_; the next call on
-  // this communicator (a start, a blocking sum, a wait that is not quick, the destructor)
+  // The quick wait (Communicator::note_quick_wait). A wait after long work finds every line
+  // and page it touches cold (about a microsecond per page on the development VM); the lists
+  // below (pending_, the exchange's records) are each elsewhere in memory. So a started
+  // shared-memory sum is also noted in the communicator's quick table, and the exchange raises
+  // done_words_[nth % kSlots], kept here in this object, to nth + 1 once the sum is in the
+  // buffer without error (shm_exchange.h, "Completion words"). Communicator::wait finds it
+  // there and returns without calling do_wait; the next call on this communicator (a start, a
+  // blocking sum, a wait that is not quick; the destructor completes every pending sum anyway)
   // completes those sums as usual (they are done: nothing is waited, nothing thrown), which
-  // recycles their records. Only the caller's thread touches quick_ and to_settle_; the words
-  // are written by whichever thread adds the sum. Anything else (an older entry overwritten,
-  // a sum not yet done, an error) takes the usual path.
-  static constexpr size_t kQuick = 16;
-  struct Quick {
-    uint64_t id = 0;   // the request (0: none)
-    uint64_t nth = 0;  // its sum's number in shm_
-  };
+  // recycles their records. The words are written by whichever thread adds the sum. Anything
+  // else (an older note overwritten, a sum not yet done, an error) takes do_wait.
   alignas(64) std::atomic<uint64_t> done_words_[detail::ShmExchange::kSlots] = {};
-  Quick quick_[kQuick];
-  uint64_t to_settle_[kQuick] = {};
-  size_t settle_count_ = 0;
-  uint64_t quick_waits_ = 0;
   void settle_quick_waits() {
-    for (size_t k = 0; k < settle_count_; ++k) {
+    uint64_t ids[kQuickWaits];
+    const size_t n = take_quick_waits(ids);
+    for (size_t k = 0; k < n; ++k) {
       for (size_t i = 0; i < pending_.size(); ++i) {
-        if (pending_[i].id != to_settle_[k]) continue;
+        if (pending_[i].id != ids[k]) continue;
         Pending p = std::move(pending_[i]);
         pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
         complete(p, /*may_throw=*/false);  // done, without error: returns at once
         break;
       }
     }
-    settle_count_ = 0;
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
