@@ -103,13 +103,7 @@ class MpiCommunicator final : public Communicator {
   }
   void do_wait(uint64_t id) override {
     settle_quick_waits();
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      if (pending_[i].id != id) continue;
-      Pending p = std::move(pending_[i]);
-      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-      complete(p, true);
-      return;
-    }
+    complete_pending(id, /*may_throw=*/true);
   }
 
  private:
@@ -432,14 +426,18 @@ class MpiCommunicator final : public Communicator {
   void settle_quick_waits() {
     uint64_t ids[kQuickWaits];
     const size_t n = take_quick_waits(ids);
-    for (size_t k = 0; k < n; ++k) {
-      for (size_t i = 0; i < pending_.size(); ++i) {
-        if (pending_[i].id != ids[k]) continue;
-        Pending p = std::move(pending_[i]);
-        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-        complete(p, /*may_throw=*/false);  // done, without error: returns at once
-        break;
-      }
+    // Done, without error: each completes at once.
+    for (size_t k = 0; k < n; ++k) complete_pending(ids[k], /*may_throw=*/false);
+  }
+  // Takes started sum `id` off pending_ (before completing it: a failed completion is not
+  // retried) and completes it; an id not there was completed already.
+  void complete_pending(uint64_t id, bool may_throw) {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i].id != id) continue;
+      Pending p = std::move(pending_[i]);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      complete(p, may_throw);
+      return;
     }
   }
 
