@@ -28,6 +28,7 @@
 #include "batch_norm_reference.h"
 #include "harness.h"
 #include "kernels/cpu/batch_norm.h"
+#include "kernels/cpu/loops.h"
 #include "storage.h"
 #include "tpnorm/batch_norm.h"
 #include "tpnorm/mpi.h"
@@ -158,10 +159,8 @@ std::string bit_differences(const Outputs& a, const Outputs& b) {
   return d;
 }
 
-class BatchNormOneRank : public ::testing::TestWithParam<Case> {};
-
-TEST_P(BatchNormOneRank, FusedPathHasTheMultiRankBits) {
-  const Case k = GetParam();
+// The fused path (checked to be taken) against the multi-rank path and the reference.
+void check_fused_bits(const Case& k) {
   const bool root = world_rank() == 0;
   // The case takes the fused path at 1 and 2 threads (forward: x; backward: x and dy).
   kernels::cpu::BatchNormArgs a;
@@ -189,6 +188,23 @@ TEST_P(BatchNormOneRank, FusedPathHasTheMultiRankBits) {
     }
   }
   EXPECT_EQ(sum_over_ranks(wrong), 0) << "wrong elements or fields, summed over ranks";
+}
+
+class BatchNormOneRank : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BatchNormOneRank, FusedPathHasTheMultiRankBits) { check_fused_bits(GetParam()); }
+
+// A channel larger than the core's L2 but within the fused path's budget (L2 plus a share of
+// the last-level cache, bn_fused_channel_bytes): re-read partly from the L3, the same bits.
+TEST(BatchNormOneRankLarge, ChannelBeyondL2TakesTheFusedPathWithTheMultiRankBits) {
+  const int64_t l2 = kernels::cpu::l2_cache_bytes();
+  const int64_t budget = kernels::cpu::bn_fused_channel_bytes(2);
+  ASSERT_GT(budget, l2);
+  // 2 samples of a square plane, x and dy in float32: 16 bytes per plane element.
+  const int64_t side = static_cast<int64_t>(std::sqrt(static_cast<double>(l2 + budget) / 2 / 16));
+  const Case k{"n2_c2_beyond_l2_f32", 2, 2, side, side, DType::F32, 0.1};
+  ASSERT_GT(k.n * k.h * k.w * 8, l2) << "the case's channel must exceed the L2";
+  check_fused_bits(k);
 }
 
 const double kCumulative = BatchNormOptions::cumulative();

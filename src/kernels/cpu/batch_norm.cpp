@@ -311,7 +311,11 @@ bool bn_fuses(const BatchNormArgs& a, int64_t input_bytes) {
   if (a.channels_last || a.n <= 0 || a.c <= 0) return false;
   const int64_t t = a.threads > 0 ? a.threads : omp_get_max_threads();
   const bool balanced = a.c % t == 0 || a.c >= 4 * t;
-  return balanced && a.n * a.inner * input_bytes <= l2_cache_bytes();
+  return balanced && a.n * a.inner * input_bytes <= bn_fused_channel_bytes(static_cast<int>(t));
+}
+
+int64_t bn_fused_channel_bytes(int threads) {
+  return l2_cache_bytes() + last_level_cache_bytes() / (4 * std::max(threads, 2));
 }
 
 template <class T, class W>

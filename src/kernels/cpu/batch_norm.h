@@ -66,15 +66,24 @@ void bn_apply_backward(const BatchNormArgs& a, const T* dy, const T* x, const P*
 
 // One rank (the reduce is the identity), NCHW: a channel's statistics and its outputs in one
 // pass over the channel, threads over channels, so that the apply re-reads the channel's planes
-// from the core's L2 instead of memory (x read from memory once instead of twice, and dy too in
+// from the caches instead of memory (x read from memory once instead of twice, and dy too in
 // the backward). The same sums in the same order, the same constants and formulas as the
 // partial + apply kernels above: the same bits. Channels-last has no such path: a channel's
 // statistics need every row, so nothing of x is still in cache when the apply starts.
 
 /// Whether the fused path pays for `a`: NCHW, a channel's planes of the re-read inputs
-/// (input_bytes per element: x, or x and dy) fit in the per-core L2, and the channels split
-/// evenly enough over the threads (the two-pass apply splits planes, not channels).
+/// (input_bytes per element: x, or x and dy) fit in bn_fused_channel_bytes, and the channels
+/// split evenly enough over the threads (the two-pass apply splits planes, not channels).
 bool bn_fuses(const BatchNormArgs& a, int64_t input_bytes);
+
+/// The most bytes of a channel's re-read planes the fused path takes at `threads` threads: the
+/// core's L2 plus a share of the last-level cache, L2 + LLC / (4 max(threads, 2)). A channel
+/// larger than the L2 is still re-read from cache: the lines the apply's prefetch of the next
+/// channel pushes out of L2 are in the L3 (a victim cache on AMD and on Intel since Skylake-SP),
+/// so the fused path paid up to about 5 MB of x and dy per channel on a 512 KiB-L2 / 32 MiB-L3
+/// core (README "CPU performance"), and stops paying where the thread's two live channels
+/// crowd the L3 (6.4 MB measured even at one thread, a loss at 12.8 MB).
+int64_t bn_fused_channel_bytes(int threads);
 
 /// bn_partial_forward + bn_moments + invstd = 1/sqrt(var + eps) + bn_apply_forward, channel by
 /// channel; n: the count per channel (the call header's); mean, var, invstd: [c] outputs.
