@@ -87,11 +87,8 @@ int64_t fused_channel_bytes() {
 void add_batch_norm(tpnorm::Layout layout, int64_t n, int64_t c, int64_t hw, bool modes) {
   const bool nchw = layout == tpnorm::Layout::kNCHW;
   const Shape xs = nchw ? Shape{n, c, hw, hw} : Shape{n, hw, hw, c};
-  const std::string shape = std::to_string(n) + "x" +
-                            (nchw ? std::to_string(c) + "x" + std::to_string(hw) + "x" +
-                                        std::to_string(hw)
-                                  : std::to_string(hw) + "x" + std::to_string(hw) + "x" +
-                                        std::to_string(c));
+  std::string shape = std::to_string(xs[0]);
+  for (int i = 1; i < 4; ++i) shape += "x" + std::to_string(xs[i]);
   const int64_t bytes = xs.numel() * static_cast<int64_t>(sizeof(float));
   for (bool bwd : {false, true}) {
     const char* pass = bwd ? "backward" : "forward";
