@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "tpnorm/communicator.h"
 
@@ -79,7 +80,7 @@ class TimedCommunicator final : public tpnorm::Communicator {
   }
   void do_progress_in_background() override { inner_.progress_in_background(); }
   void do_wait(uint64_t id) override {
-    Request r = pending_[id];
+    Request r = std::move(pending_[id]);
     pending_.erase(id);
     inner_.wait(r);
     leave();

@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tpnorm/mpi.h"
@@ -79,7 +80,7 @@ class WaitTimer final : public Communicator {
   // Times the inner wait only: this wrapper's own bookkeeping is not the library's.
   void do_wait(uint64_t id) override {
     const auto it = started_.find(id);
-    Request r = it->second;
+    Request r = std::move(it->second);
     const double t = now();
     inner_.wait(r);
     waited_ += now() - t;

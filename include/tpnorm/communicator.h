@@ -45,9 +45,23 @@ class Communicator {
   void all_reduce_sum(void* buf, size_t count, DType dtype);
 
   /// A non-blocking sum in flight: returned by start_all_reduce_sum, completed by wait().
-  /// A plain ticket (id 0 = nothing to wait for); copying it does not copy the sum.
+  /// A ticket (id 0 = nothing to wait for) that can be moved but not copied: one sum has one
+  /// ticket, so it cannot be waited twice through two copies (which would count it out of
+  /// in_flight() twice). A moved-from ticket has id 0.
   struct Request {
     uint64_t id = 0;
+    Request() = default;
+    explicit Request(uint64_t i) : id(i) {}
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    Request(Request&& o) noexcept : id(o.id) { o.id = 0; }
+    Request& operator=(Request&& o) noexcept {
+      if (this != &o) {
+        id = o.id;
+        o.id = 0;
+      }
+      return *this;
+    }
   };
   /// Starts the in-place sum of all_reduce_sum and returns without waiting for it. `buf` must
   /// stay valid and untouched until wait() returns. Several sums may be in flight; every rank

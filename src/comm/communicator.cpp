@@ -24,7 +24,7 @@ Communicator::Request Communicator::start_all_reduce_sum(void* buf, size_t count
   const uint64_t id = ++next_request_;
   do_start_all_reduce_sum(id, buf, count, dtype);
   ++in_flight_;
-  return {id};
+  return Request(id);
 }
 
 void Communicator::wait(Request& r) {

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "harness.h"
@@ -60,6 +62,39 @@ TEST(CommNonBlocking, SumsInFlightWaitedInReverseOrder) {
   EXPECT_EQ(comm->counters().bytes_sent, bytes);
   for (auto& r : reqs) EXPECT_EQ(r.id, 0u);
   comm->wait(reqs[0]);  // waiting twice does nothing
+}
+
+// One sum, one ticket: a Request moves (the source is left with id 0) and cannot be copied, so
+// the same sum cannot be waited through two copies (that counted it out of in_flight() twice,
+// which then wrapped round).
+static_assert(!std::is_copy_constructible_v<Communicator::Request>);
+static_assert(!std::is_copy_assignable_v<Communicator::Request>);
+static_assert(std::is_nothrow_move_constructible_v<Communicator::Request>);
+
+TEST(CommNonBlocking, AMovedRequestIsWaitedOnce) {
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  std::vector<double> a = contribution<double>(100, 5), b = contribution<double>(7, 6);
+  Communicator::Request r = comm->start_all_reduce_sum(a.data(), a.size(), DType::F64);
+  Communicator::Request s = comm->start_all_reduce_sum(b.data(), b.size(), DType::F64);
+  EXPECT_EQ(comm->in_flight(), 2u);
+  Communicator::Request moved = std::move(r);
+  EXPECT_EQ(r.id, 0u);
+  EXPECT_NE(moved.id, 0u);
+  comm->wait(r);  // the moved-from ticket: nothing to wait for
+  EXPECT_EQ(comm->in_flight(), 2u);
+  comm->wait(moved);
+  EXPECT_EQ(comm->in_flight(), 1u);
+  std::vector<Communicator::Request> kept;
+  kept.push_back(std::move(s));
+  comm->wait(s);
+  EXPECT_EQ(comm->in_flight(), 1u);
+  comm->wait(kept[0]);
+  comm->wait(kept[0]);
+  EXPECT_EQ(comm->in_flight(), 0u);
+  int64_t wrong = 0;
+  for (size_t i = 0; i < a.size(); ++i) wrong += a[i] != expected(i, 5);
+  for (size_t i = 0; i < b.size(); ++i) wrong += b[i] != expected(i, 6);
+  EXPECT_EQ(wrong, 0);
 }
 
 TEST(CommNonBlocking, BlockingSumsBetweenStartAndWait) {

@@ -44,7 +44,7 @@ class HeaderFirstCommunicator final : public tpnorm::Communicator {
   }
   void do_progress_in_background() override { inner_->progress_in_background(); }
   void do_wait(uint64_t id) override {
-    Request r = started_[id];
+    Request r = std::move(started_[id]);
     started_.erase(id);
     inner_->wait(r);
   }
