@@ -173,7 +173,12 @@ inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const
 // Rows go through the backward in groups of up to kGroup: the dgamma/dbeta lanes of a column
 // are loaded and stored once per group, not once per row (at h = 4096 they are 32 KiB, all of
 // L1, and updating them row by row cost a third of the kernel's time).
-constexpr int kGroup = 4;
+// 4 rows with 32 vector registers (AVX-512), 2 with 16 (AVX2): a group keeps 4 accumulator
+// vectors per row, and 4 rows' 16 took every ymm register, so GCC kept them on the stack
+// (twice the stack references of the 2-row pass). On a Zen 3 (AVX2) core, 2-row groups took
+// 0.80-0.88x the time of 4-row ones at [16384, 4096], 0.96-1.09x at [65536, 1024] (LayerNorm,
+// 1 thread, alternated call by call). The bits do not depend on the group (rows in order).
+constexpr int kGroup = kVectorRegisters >= 32 ? 4 : 2;
 
 // One row of the backward: its inputs and output, x - mean as (x - mh) - mt, rstd, dx's
 // constants c1 and c2, and with a.fused its sums (accumulated block by block).
