@@ -43,7 +43,7 @@ class MpiCommunicator final : public Communicator {
                                        detail::ShmExchange::enabled_by_env());
     if (shm_) shm_->set_completion_words(done_words_);
     // Every call checks the header first: its sum is non-blocking and hides under the partial
-    // (see README "Agreement on every call").
+    // (see README "Split-phase calls", the cost of checking every call).
     set_default_strict_calls(-1);
   }
   ~MpiCommunicator() override {
