@@ -44,7 +44,7 @@ inline Request parse(const char* v) {
   return r;
 }
 
-/// The rule's constants (README "Chunked calls" has the measurements behind them).
+/// The rule's constants (PERFORMANCE.md "Chunked calls" has the measurements behind them).
 struct Rule {
   /// Whether auto chunks at all: false where chunking was measured not to pay (or was not
   /// measured); TPNORM_CHUNK=on still chunks.
@@ -63,9 +63,9 @@ struct Rule {
 /// runner keeps two chunks live (the one applied, the next one's partial) and the apply
 /// prefetches a third, so a chunk's inputs are re-read from L2 or the L3 next to it; chunks of
 /// a quarter of L2 + an L3 share (4.25 MiB here) measured 1.30x the local step against 1.12x
-/// for 1 MiB ones (README "Chunked calls"). Auto chunks the calls of at least min_chunks chunks
-/// per rank at P >= 2: measured faster than one collective on the development machine (2 ranks
-/// on 2 cores, 4096 x 2048 per rank and larger).
+/// for 1 MiB ones (PERFORMANCE.md "Chunked calls"). Auto chunks the calls of at least
+/// min_chunks chunks per rank at P >= 2: measured faster than one collective on the
+/// development machine (2 ranks on 2 cores, 4096 x 2048 per rank and larger).
 inline Rule host_rule(int64_t l2_bytes) {
   Rule r;
   r.chunk_bytes = std::max<int64_t>(int64_t{256} << 10, l2_bytes);
