@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "tpnorm/tensor.h"
 
@@ -54,12 +55,9 @@ class Communicator {
     explicit Request(uint64_t i) : id(i) {}
     Request(const Request&) = delete;
     Request& operator=(const Request&) = delete;
-    Request(Request&& o) noexcept : id(o.id) { o.id = 0; }
+    Request(Request&& o) noexcept : id(std::exchange(o.id, 0)) {}
     Request& operator=(Request&& o) noexcept {
-      if (this != &o) {
-        id = o.id;
-        o.id = 0;
-      }
+      id = std::exchange(o.id, 0);  // a self-move keeps the id: exchange returns it first
       return *this;
     }
   };
