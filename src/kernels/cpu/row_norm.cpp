@@ -173,12 +173,13 @@ inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const
 // Rows go through the backward in groups of up to kGroup: the dgamma/dbeta lanes of a column
 // are loaded and stored once per group, not once per row (at h = 4096 they are 32 KiB, all of
 // L1, and updating them row by row cost a third of the kernel's time).
-// 4 rows with 32 vector registers (AVX-512), 2 with 16 (AVX2): a group keeps 4 accumulator
-// vectors per row, and 4 rows' 16 took every ymm register, so GCC kept them on the stack
-// (twice the stack references of the 2-row pass). On a Zen 3 (AVX2) core, 2-row groups took
-// 0.80-0.88x the time of 4-row ones at [16384, 4096], 0.96-1.09x at [65536, 1024] (LayerNorm,
-// 1 thread, alternated call by call). The bits do not depend on the group (rows in order).
-constexpr int kGroup = kVectorRegisters >= 32 ? 4 : 2;
+// 2 rows: on a Zen 3 core (AVX2, 16 ymm registers) 4 rows' accumulators spilled to the stack
+// and 2-row groups took 0.80-0.88x the time of 4-row ones at [16384, 4096], 0.96-1.09x at
+// [65536, 1024]; on a Zen 4 core (AVX-512, 32 zmm registers, where 4 rows fit) 2-row groups
+// took 0.86-0.99x the 4-row time for LayerNorm and 1.00-1.04x for RMSNorm, both shapes, 1 and 2
+// threads (1 thread unless said, alternated call by call). The bits do not depend on the group
+// (rows in order).
+constexpr int kGroup = 2;
 
 // One row of the backward: its inputs and output, x - mean as (x - mh) - mt, rstd, dx's
 // constants c1 and c2, and with a.fused its sums (accumulated block by block).
@@ -293,12 +294,9 @@ inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_
 template <bool kSums, bool kParams, int kM, class T, class P, class W>
 inline void group_pass(int g, BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_t j1,
                        float* dgf, float* dbf) {
-  switch (g) {
-    case 1: return group_pass<1, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
-    case 2: return group_pass<2, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
-    case 3: return group_pass<3, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
-    default: return group_pass<kGroup, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
-  }
+  static_assert(kGroup == 2, "one instance per group size up to kGroup");
+  if (g == 1) return group_pass<1, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
+  return group_pass<2, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
 }
 
 // The backward apply over a range of rows. Each row needs its sums before its dx, so:

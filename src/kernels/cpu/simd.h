@@ -43,13 +43,6 @@ struct vf {
   static constexpr int L = sizeof(vreg) / sizeof(float);
   vreg v;
 };
-// Vector registers the compiler has for vf: 32 zmm with AVX-512, 16 ymm with AVX2. Kernels that
-// keep several rows' accumulators in registers size their row groups by it.
-#if defined(__AVX512F__)
-constexpr int kVectorRegisters = 32;
-#else
-constexpr int kVectorRegisters = 16;
-#endif
 inline vf vload(const float* p) { return {TPNORM_MM(loadu_ps)(p)}; }
 inline void vstore(float* p, vf a) { TPNORM_MM(storeu_ps)(p, a.v); }
 // p: aligned to the vector (64 / 32 bytes).
@@ -76,7 +69,6 @@ struct vf {
   static constexpr int L = 1;
   float v;
 };
-constexpr int kVectorRegisters = 16;
 inline vf vload(const float* p) { return {*p}; }
 inline void vstore(float* p, vf a) { *p = a.v; }
 inline void vstream(float* p, vf a) { *p = a.v; }
