@@ -111,9 +111,20 @@ void channel_sums(const BatchNormArgs& a, W* out, const T* pf1, const T* pf2, Te
       store_as(f1 + ch, load_as<V>(f1 + ch) + p.a);
       store_as(f2 + ch, load_as<V>(f2 + ch) + p.b);
     };
+    // The backward's sums read x and dy: both prefetched kAheadBytes on, line by line (0.93-0.96x
+    // the time without, [32, 56, 56, 64], 1 and 2 threads, alternated call by call). The
+    // forward's x alone is a single stream that the hardware prefetcher keeps up with (its
+    // software prefetch measured 1.05-1.06x slower), so pf2 decides.
+    const int64_t total = rows * c, ahead = kAheadBytes / static_cast<int64_t>(sizeof(T));
+    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       int64_t ch = 0;
+      if (pf2)
+        for (int64_t o = r * c + ahead; o < std::min(total, (r + 1) * c + ahead); o += kLine) {
+          __builtin_prefetch(pf1 + o, 0, 2);
+          __builtin_prefetch(pf2 + o, 0, 2);
+        }
       for (; ch + vf::L <= c; ch += vf::L) add(r, ch, vf{});
       for (; ch < c; ++ch) add(r, ch, 0.0f);
       if (++pending == kRows) flush();
