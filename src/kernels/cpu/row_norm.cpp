@@ -176,7 +176,7 @@ inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const
 // 2 rows: on a Zen 3 core (AVX2, 16 ymm registers) 4 rows' accumulators spilled to the stack
 // and 2-row groups took 0.80-0.88x the time of 4-row ones at [16384, 4096], 0.96-1.09x at
 // [65536, 1024]; on a Zen 4 core (AVX-512, 32 zmm registers, where 4 rows fit) 2-row groups
-// took 0.86-0.99x the 4-row time for LayerNorm and 1.00-1.04x for RMSNorm, both shapes, 1 and 2
+// took 0.86-0.99x the 4-row time for LayerNorm and 0.93-1.05x for RMSNorm, both shapes, 1 and 2
 // threads (1 thread unless said, alternated call by call). The bits do not depend on the group
 // (rows in order).
 constexpr int kGroup = 2;
