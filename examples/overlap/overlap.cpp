@@ -97,8 +97,9 @@ class WaitTimer final : public Communicator {
 // noinline: one copy of the loop for the three timings. Inlined, GCC 12 compiled the three call
 // sites differently and one of them (which one changed with unrelated edits) ran 1.4-1.8x slower
 // than the others on a Zen 3 core, so "matmul alone" could exceed "blocking" (norm + matmul).
-__attribute__((noinline)) void matmul(const std::vector<float>& a, const std::vector<float>& w, std::vector<float>& out,
-            int64_t rows, int64_t cols, int64_t k) {
+__attribute__((noinline)) void matmul(const std::vector<float>& a, const std::vector<float>& w,
+                                      std::vector<float>& out, int64_t rows, int64_t cols,
+                                      int64_t k) {
   std::fill(out.begin(), out.end(), 0.f);
   for (int64_t r = 0; r < rows; ++r) {
     float* o = &out[r * k];
