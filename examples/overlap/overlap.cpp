@@ -93,7 +93,8 @@ class WaitTimer final : public Communicator {
   double waited_ = 0;
 };
 
-// out[r, j] = sum_c a[r, c] * w[c, j]: the independent work (a plain cache-blocked loop).
+// out[r, j] = sum_c a[r, c] * w[c, j]: the independent work (a plain loop, not blocked: all of
+// w, [cols, work_cols] floats, 2 MiB by default, is re-read from cache for every row of a).
 // noinline: one copy of the loop for the three timings. Inlined, GCC 12 compiled the three call
 // sites differently and one of them (which one changed with unrelated edits) ran 1.4-1.8x slower
 // than the others on a Zen 3 core, so "matmul alone" could exceed "blocking" (norm + matmul).

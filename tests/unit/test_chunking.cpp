@@ -90,28 +90,34 @@ TEST(ChunkRule, ForcedChunks) {
   EXPECT_EQ(ck::plan(shape(4096, 2048, 2, 4), rule(), {ck::Mode::kOn, 0}).chunks, 8);
 }
 
-TEST(ChunkRule, HostRuleIsOneL2AndAutoChunksLargeCalls) {
-  // 1 MiB L2 per core: chunks of 1 MiB of re-read input (at least 256 KiB).
+TEST(ChunkRule, HostRuleIsHalfAnL2AndAutoChunksLargeCalls) {
+  // 1 MiB L2 per core: chunks of 512 KiB of re-read input; a 512 KiB L2 keeps whole-L2 chunks;
+  // never below 256 KiB; 2 MiB: 1 MiB.
   const ck::Rule host = ck::host_rule(1 << 20);
-  EXPECT_EQ(host.chunk_bytes, 1 << 20);
+  EXPECT_EQ(host.chunk_bytes, 512 << 10);
+  EXPECT_EQ(host.min_chunks, 8);
+  EXPECT_EQ(ck::host_rule(512 << 10).chunk_bytes, 512 << 10);
+  EXPECT_EQ(ck::host_rule(512 << 10).min_chunks, 4);
   EXPECT_EQ(ck::host_rule(0).chunk_bytes, 256 << 10);
+  EXPECT_EQ(ck::host_rule(2 << 20).chunk_bytes, 1 << 20);
   EXPECT_TRUE(host.auto_chunks);
-  // 4096 x 2048 float32 per rank at 2 ranks: forward 32 chunks of 128 rows (1 MiB of x),
-  // backward 64 of 64 rows (x and dy).
+  // 4096 x 2048 float32 per rank at 2 ranks: forward 64 chunks of 64 rows (512 KiB of x),
+  // backward 128 of 32 rows (x and dy).
   ck::Plan p = ck::plan(shape(4096, 2048, 2, 4), host, {});
-  EXPECT_EQ(p.chunks, 32);
-  EXPECT_EQ(p.chunk_rows, 128);
-  p = ck::plan(shape(4096, 2048, 2, 8), host, {});
   EXPECT_EQ(p.chunks, 64);
   EXPECT_EQ(p.chunk_rows, 64);
-  // 16384 x 4096 backward: 512 MiB per rank = 512 chunks of 32 rows (at most 1024).
-  EXPECT_EQ(ck::plan(shape(16384, 4096, 2, 8), host, {}).chunks, 512);
-  // Below 4 chunks of re-read input per rank, and at one rank: one collective.
+  p = ck::plan(shape(4096, 2048, 2, 8), host, {});
+  EXPECT_EQ(p.chunks, 128);
+  EXPECT_EQ(p.chunk_rows, 32);
+  // 16384 x 4096 backward: 512 MiB per rank = 1024 chunks of 16 rows (at most 1024).
+  EXPECT_EQ(ck::plan(shape(16384, 4096, 2, 8), host, {}).chunks, 1024);
+  EXPECT_EQ(ck::plan(shape(32768, 4096, 2, 8), host, {}).chunks, 1024);
+  // Below 4 L2s (4 MiB) of re-read input per rank, and at one rank: one collective.
   EXPECT_EQ(ck::plan(shape(511, 2048, 2, 4), host, {}).chunks, 1);
   EXPECT_GT(ck::plan(shape(512, 2048, 2, 4), host, {}).chunks, 1);
   EXPECT_EQ(ck::plan(shape(16384, 4096, 1, 8), host, {}).chunks, 1);
   // "on": the same chunks.
-  EXPECT_EQ(ck::plan(shape(4096, 2048, 2, 4), host, {ck::Mode::kOn, 0}).chunks, 32);
+  EXPECT_EQ(ck::plan(shape(4096, 2048, 2, 4), host, {ck::Mode::kOn, 0}).chunks, 64);
 }
 
 }  // namespace
