@@ -62,10 +62,11 @@ struct Rule {
 /// The rule on a host: chunks of half of one core's L2 of re-read input (x; x and dy backward),
 /// but not below min(L2, 512 KiB) nor 256 KiB. The runner keeps two chunks live (the one
 /// applied, the next one's partial) and the apply prefetches a third, so a chunk's inputs are
-/// re-read from L2 or the L3 next to it. On a 1 MiB-L2 core (Zen 5) half-L2 chunks took 0.92-0.99x
-/// the backward time of one-L2 ones in 13 of 14 interleaved runs at 1024-4096 columns, and
-/// quarter-L2 ones were no faster; a whole L2 was measured on 512 KiB-L2 cores (Zen 3), where
-/// the rule keeps it; chunks of a quarter of L2 + an L3 share (4.25 MiB) measured 1.30x the
+/// re-read from L2 or the L3 next to it. On a 1 MiB-L2 core (Zen 5, 2 ranks) half-L2 chunks
+/// took 0.91-0.99x the backward time of one-L2 ones in 16 of 16 interleaved runs at 4096 x
+/// 2048 per rank (LayerNorm and RMSNorm), and 3 of 3 at 8192 x 1024 and 2048 x 4096; quarter-L2
+/// ones were no faster. On 512 KiB-L2 cores (Zen 3) the rule keeps the whole-L2 chunks it was
+/// run with there (half of that not measured). Chunks of a quarter of L2 + an L3 share (4.25 MiB) measured 1.30x the
 /// local step against 1.12x for 1 MiB ones (PERFORMANCE.md "Chunked calls"). Auto chunks the
 /// calls of at least 4 L2s of re-read input per rank at P >= 2: measured faster than one
 /// collective on the development machine (2 ranks on 2 cores, 4096 x 2048 per rank and larger).

@@ -53,9 +53,9 @@ const char* traced(const Communicator& comm, const OpSpec& op) {
   return comm.device().kind != DeviceKind::CPU ? op.name() : nullptr;
 }
 
-// The chunk rule (ops/chunking.h): on a host, chunks of this core's L2, auto on (measured to
-// pay at 2 ranks); on a device, chunks of a quarter of an H200's 50 MB L2, auto off (not
-// measured yet; TPNORM_CHUNK=on uses that size).
+// The chunk rule (ops/chunking.h): on a host, chunks of half this core's L2 (host_rule), auto
+// on (measured to pay at 2 ranks); on a device, chunks of a quarter of an H200's 50 MB L2, auto
+// off (not measured yet; TPNORM_CHUNK=on uses that size).
 chunking::Rule chunk_rule(bool on_device) {
   if (on_device) {
     chunking::Rule r;

@@ -301,8 +301,9 @@ TEST(ChunkedCallsSplitPhase, DroppedChunkedHandle) {
 }
 
 // The rule. TPNORM_CHUNK unset ("auto"): one payload sum for a small call; on a host at P >= 2
-// a large one in chunks of one L2 (ops/chunking.h host_rule, measured to pay), with the bits of
-// TPNORM_CHUNK=off's one sum, unless it is a started call. At one rank nothing is chunked.
+// a large one in chunks of half an L2 (ops/chunking.h host_rule, measured to pay), with the
+// bits of TPNORM_CHUNK=off's one sum, unless it is a started call. At one rank nothing is
+// chunked.
 TEST(ChunkedCallsRule, AutoKeepsOneSumOnSmallCallsAndChunksLargeOnes) {
   auto comm = make_mpi_communicator(MPI_COMM_WORLD);
   ChunkEnv e(nullptr);
