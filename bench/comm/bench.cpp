@@ -79,7 +79,7 @@ Row run_op(const BenchOp& op, const Flags& f, Communicator& world, const Fits& f
   }
 
   for (int i = 0; i < f.iters; ++i) {
-    if (rank == 0)
+    if (rank == 0 && f.progress)
       std::fprintf(stderr, "\r[bench] world %d  %-10s iteration %d/%d ", P, op.name, i + 1,
                    f.iters);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -99,7 +99,7 @@ Row run_op(const BenchOp& op, const Flags& f, Communicator& world, const Fits& f
     row.apply.v.push_back(t[2]);
     row.total.v.push_back(t[3]);
   }
-  if (rank == 0) std::fprintf(stderr, "\r%60s\r", "");
+  if (rank == 0 && f.progress) std::fprintf(stderr, "\r%60s\r", "");
   row.bare = bare_allreduce_s(world, {row.fwd_bytes / w, row.bwd_bytes / w}, wire, f.iters);
   row.model = ring_allreduce_seconds(fits.ar(), P, row.fwd_bytes) +
               ring_allreduce_seconds(fits.ar(), P, row.bwd_bytes);
@@ -152,7 +152,7 @@ void print_header(const Flags& f, int P) {
       f.warmup);
   std::printf(
       "# bytes: what each rank sends per call (communicator counters) = payload "
-      "(README \"One collective per call\") + call header (hdr); strict pre-check off "
+      "(docs/cpp-api.md, \"One collective per call\") + call header (hdr); strict pre-check off "
       "after warm-up\n");
   std::printf(
       "# times in us per step, median over iterations of the slowest rank; bare = the "
@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
       write_row(fields(r, f, P), f.csv, f.json);
       write_plotdata(f.plotdata, r.op, r.op, P, r.total);
       if (!r.bytes_ok)
-        std::printf("# ERROR %s: bytes or collectives differ from the README formula\n",
+        std::printf("# ERROR %s: bytes or collectives differ from the documented payload\n",
                     r.op.c_str());
       std::fflush(stdout);
     }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "bench_usage.h"  // kBenchUsage: usage.txt, generated at configure time
 #include "strategies.h"
 
 namespace tpnorm_bench {
@@ -32,28 +33,11 @@ bool known_strategies(const std::string& list, std::string& bad) {
 }  // namespace
 
 void print_help(std::FILE* out) {
-  std::fprintf(out, R"(usage: tpnorm_bench [FLAGS]
-  (run under mpirun; ./launch/tpnorm bench runs one job per world size, see README "Benchmark")
-op mode (default): tpnorm's own ops, bytes and collectives checked against the README formula
-  --op NAME          layernorm, rmsnorm, syncbn or all (default all)
-  --dtype T          fp32, fp16 or bf16 (default fp32)
-  --stats S          robust, naive or exact (default robust)
-  --shape N,C,...    SyncBatchNorm input, NCHW, batch sharded (default 32,64,8,8)
-strategy mode: four ways to compute one sharded LayerNorm, side by side (fp32, robust)
-  --strategies LIST  comma list of tpnorm, two_pass, gather_row, gather_stats, or all
-both:
-  --rows R           rows of the LayerNorm/RMSNorm input (default 512)
-  --hidden H         hidden size, sharded evenly over the ranks (default 1024)
-  -n ITERS           timed steps (default 20); one step = forward + backward
-  -w WARMUP          warm-up steps (default 5)
-  --no-check         skip the element-wise check against the float64 reference
-  --header           print the '#' header lines (the launcher asks the first job)
-  --project          print the projection to 1024 ranks (the launcher asks the last job)
-  --csv FILE         append the rows as CSV      --json FILE  append them as JSON lines
-  --proj FILE        write the projection as CSV --plotdata FILE  rows for the plot
-  --check-flags      parse the flags and exit (the launcher's check before mpirun)
-  -h, --help         this text
-)");
+  std::fputs("usage: tpnorm_bench [FLAGS]\n"
+             "  (run under mpirun; ./launch/tpnorm bench runs one job per world size, see "
+             "docs/benchmark.md)\n",
+             out);
+  std::fputs(kBenchUsage, out);
 }
 
 bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
@@ -141,6 +125,8 @@ bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
       f.project = true;
     } else if (k == "--no-check") {
       f.check = false;
+    } else if (k == "--progress") {
+      f.progress = true;
     } else if (k == "--check-flags") {
       f.check_flags = true;
     } else {

@@ -16,7 +16,7 @@ struct Flags {
   std::string strategies;  // strategy mode when set: a list of strategies.h names, or "all"
   std::string csv, json, proj, plotdata;
   int iters = 20, warmup = 5;
-  bool header = false, project = false, check = true;
+  bool header = false, project = false, check = true, progress = false;
   bool help = false, check_flags = false;
 };
 

@@ -35,7 +35,7 @@ class BenchCase {
   /// parameter gradients) outside tolerance of a float64 reference on the full, unsharded input.
   /// Called on every rank together, so it may make collectives on MPI_COMM_WORLD.
   virtual int64_t count_wrong() = 0;
-  /// README "One collective per call": values per rank in the call's payload, without the
+  /// docs/cpp-api.md, "One collective per call": values per rank in the call's payload, without the
   /// call header (forward: true / backward: false).
   virtual uint64_t payload_values(bool forward) const = 0;
 };
@@ -48,7 +48,7 @@ struct BenchOp {
 /// Every op the benchmark knows, in report order.
 const std::vector<BenchOp>& bench_ops();
 
-/// Values in the call header (README "One collective per call"), from the library.
+/// Values in the call header (docs/cpp-api.md, "One collective per call"), from the library.
 inline uint64_t header_values(bool check_agreement) {
   return static_cast<uint64_t>(tpnorm::call_header_values(check_agreement));
 }

@@ -1,5 +1,5 @@
-// cost_model.h — the time of the collectives a strategy makes, on a topology (README
-// "Benchmark", "Cost model").
+// cost_model.h — the time of the collectives a strategy makes, on a topology
+// (docs/benchmark.md, "Cost model").
 //
 // The structure is that of NCCL's own tuning model (src/graph/tuning.cc, ncclTopoTuneModel):
 // a collective costs a base latency, a latency per step (NVLink steps inside a node, network
@@ -56,7 +56,7 @@ Link fit_allreduce_link(int P, const std::vector<std::pair<double, double>>& sam
 /// The same from bare all-gathers (bytes per rank, seconds): t = (P-1) alpha + (P-1) b beta.
 Link fit_allgather_link(int P, const std::vector<std::pair<double, double>>& samples);
 
-/// Published figures, see the README table: "h100x8" (nodes of 8 H100 SXM on NVLink 4, one
+/// Published figures (docs/benchmark.md has the table): "h100x8" (nodes of 8 H100 SXM on NVLink 4, one
 /// InfiniBand NDR port per GPU), and "ndr_flat" (the same network with every rank its own node).
 const std::vector<Topology>& topology_presets();
 const Topology& topology_preset(const std::string& name);

@@ -100,7 +100,7 @@ class SyncBnCase : public BenchCase {
                                     rt);
   }
 
-  // README "One collective per call": forward C x 2 values + count, backward C x 2 values. The
+  // docs/cpp-api.md, "One collective per call": forward C x 2 values + count, backward C x 2 values. The
   // forward's count is the call header's element count ("2 x C values + header" both ways).
   // Stats::kExact (tpnorm/batch_norm.h): C x 13 int64 forward, C x 11 backward.
   uint64_t payload_values(bool forward) const override {

@@ -90,7 +90,7 @@ class RowNormCase : public BenchCase {
     return wrong;
   }
 
-  // README "One collective per call": LayerNorm R x 2 values, RMSNorm R x 1 value, forward and
+  // docs/cpp-api.md, "One collective per call": LayerNorm R x 2 values, RMSNorm R x 1 value, forward and
   // backward alike; Stats::kExact (tpnorm/norm.h) R x 13 / 8 int64 forward, R x 11 / 6 backward.
   uint64_t payload_values(bool forward) const override {
     if (cfg_.stats == tpnorm::Stats::kExact)

@@ -76,7 +76,7 @@ StrategyRow run_one(const BenchStrategy& s, const Flags& f, tpnorm::Communicator
   }
 
   for (int i = 0; i < f.iters; ++i) {
-    if (rank == 0)
+    if (rank == 0 && f.progress)
       std::fprintf(stderr, "\r[bench] world %d  %-13s iteration %d/%d ", P, s.name, i + 1, f.iters);
     MPI_Barrier(MPI_COMM_WORLD);
     timed.reset_times();
@@ -88,7 +88,7 @@ StrategyRow run_one(const BenchStrategy& s, const Flags& f, tpnorm::Communicator
     row.total.v.push_back(t[0]);
     row.comm.v.push_back(t[1]);
   }
-  if (rank == 0) std::fprintf(stderr, "\r%60s\r", "");
+  if (rank == 0 && f.progress) std::fprintf(stderr, "\r%60s\r", "");
   const auto mean_fwd = s.plan(f.cfg, P, -1, true), mean_bwd = s.plan(f.cfg, P, -1, false);
   row.wire = wire_bytes(mean_fwd, P) + wire_bytes(mean_bwd, P);
   row.model = plan_seconds(mean_fwd, P, fits.ar(), fits.ag(), Algo::kBest) +

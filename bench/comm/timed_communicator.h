@@ -110,7 +110,7 @@ class TimedCommunicator final : public tpnorm::Communicator {
   int collectives_ = 0, depth_ = 0;
 };
 
-/// Whether TPNORM_CHUNK forces row chunks ("on" or a row count; README "Chunked calls"): then
+/// Whether TPNORM_CHUNK forces row chunks ("on" or a row count; docs/chunking.md): then
 /// a strict-off call is chunked too, and makes the header's sum plus one sum per chunk — the
 /// same bytes as one collective, more collectives. (Auto chunks only strict calls, and the
 /// measured calls here are not strict.)

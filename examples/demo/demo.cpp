@@ -75,15 +75,24 @@ double median_seconds(int iters, Fn&& fn) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--tokens") a.tokens = std::atoll(argv[i + 1]);
-    if (k == "--hidden") a.hidden = std::atoll(argv[i + 1]);
-    if (k == "--iters") a.iters = std::atoi(argv[i + 1]);
-  }
   int rank = 0, P = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &P);
+  // Every rank parses the same argv, so every rank takes the same exit on a bad flag.
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    const long long v = i + 1 < argc ? std::atoll(argv[i + 1]) : 0;
+    if ((k != "--tokens" && k != "--hidden" && k != "--iters") || v < 1) {
+      if (rank == 0)
+        std::fprintf(stderr, "tpnorm_demo: usage: [--tokens N] [--hidden H] [--iters K] "
+                             "(positive integers); got '%s'\n", k.c_str());
+      MPI_Finalize();
+      return 2;
+    }
+    if (k == "--tokens") a.tokens = v;
+    if (k == "--hidden") a.hidden = v;
+    if (k == "--iters") a.iters = static_cast<int>(v);
+  }
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   auto single = make_single_communicator();
 
