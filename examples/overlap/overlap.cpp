@@ -21,8 +21,8 @@
 //    matmul, timed after it (what any reduction done in finish() costs once the matmul has
 //    pushed its data out of the caches, with no communication at all). With shared-memory sums
 //    finish() does no reduction: the communicator's progress thread added the sum during the
-//    matmul, and the wait only reads a completion word in the communicator (README
-//    "Split-phase calls"), so the exposed time can be below this floor.
+//    matmul, and the wait only reads a completion word in the communicator
+//    (docs/split-phase.md), so the exposed time can be below this floor.
 // Times: per iteration the slowest rank's, median over iterations (each after a barrier).
 #include <mpi.h>
 
@@ -97,7 +97,7 @@ class WaitTimer final : public Communicator {
 // w, [cols, work_cols] floats, 2 MiB by default, is re-read from cache for every row of a).
 // noinline: one copy of the loop for the three timings. Inlined, GCC 12 compiled the three call
 // sites differently and one of them (which one changed with unrelated edits) ran 1.4-1.8x slower
-// than the others on a Zen 3 core, so "matmul alone" could exceed "blocking" (norm + matmul).
+// than the others on an AVX2 core, so "matmul alone" could exceed "blocking" (norm + matmul).
 __attribute__((noinline)) void matmul(const std::vector<float>& a, const std::vector<float>& w,
                                       std::vector<float>& out, int64_t rows, int64_t cols,
                                       int64_t k) {

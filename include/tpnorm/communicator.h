@@ -78,7 +78,7 @@ class Communicator {
   /// a progress engine may complete them meanwhile, so that wait() finds them done. The
   /// split-phase calls (tpnorm/split.h) say it when their start returns; blocking calls, whose
   /// wait follows at once, do not. The default does nothing (the MPI communicator hands its
-  /// shared-memory sums to a progress thread; README "Split-phase calls"). A wrapper around
+  /// shared-memory sums to a progress thread; docs/split-phase.md). A wrapper around
   /// another communicator forwards it.
   void progress_in_background() { do_progress_in_background(); }
 
@@ -166,8 +166,8 @@ class Communicator {
   /// MPI communicator's progress thread): `word` reaches `value` (a release store) once
   /// started sum `id` is in the caller's buffer without error, and stays below `value` until
   /// then. wait() loads it first (acquire) and, when it is there, returns without do_wait: a
-  /// wait after long work finds its code and data cold (about a microsecond per page on the
-  /// development VM), and this object is what it reaches anyway. The ids so waited are handed
+  /// wait after long work finds its code and data cold (about a microsecond per page on a
+  /// virtual machine), and this object is what it reaches anyway. The ids so waited are handed
   /// to the backend by take_quick_waits() (at its next call; it completes their records then).
   /// A wait whose note a later id took, or that finds kQuickWaits quick waits not yet taken,
   /// goes to do_wait as before.

@@ -29,7 +29,7 @@ uint64_t mpi_background_sums(const Communicator& comm);
 
 /// Waits on `comm`'s started sums that found their sum already added without error (by the
 /// progress thread) and returned at once, touching only the communicator itself (for tests
-/// and benchmarks: the quick path actually taken; README "Split-phase calls").
+/// and benchmarks: the quick path actually taken; docs/split-phase.md).
 uint64_t mpi_quick_waits(const Communicator& comm);
 
 }  // namespace tpnorm

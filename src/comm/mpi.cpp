@@ -43,7 +43,7 @@ class MpiCommunicator final : public Communicator {
                                        detail::ShmExchange::enabled_by_env());
     if (shm_) shm_->set_completion_words(done_words_);
     // Every call checks the header first: its sum is non-blocking and hides under the partial
-    // (see README "Split-phase calls", the cost of checking every call).
+    // (see docs/split-phase.md, the cost of checking every call).
     set_default_strict_calls(-1);
   }
   ~MpiCommunicator() override {
@@ -80,7 +80,7 @@ class MpiCommunicator final : public Communicator {
     settle_quick_waits();
     if (!(timeout() > 0) &&
         !(shm_ && exchanges(count * dtype_size(dtype)))) {  // watchdog off: the blocking call,
-                                                            // which costs less (see README)
+                                                            // which costs less (docs/split-phase.md)
       const MPI_Datatype type = mpi_type(dtype);
       for_each_chunk(buf, count, dtype, [&](void* at, int n) {
         TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, at, n, type, MPI_SUM, comm_));
@@ -412,7 +412,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   // The quick wait (Communicator::note_quick_wait). A wait after long work finds every line
-  // and page it touches cold (about a microsecond per page on the development VM); the lists
+  // and page it touches cold (about a microsecond per page on a virtual machine); the lists
   // below (pending_, the exchange's records) are each elsewhere in memory. So a started
   // shared-memory sum is also noted in the communicator's quick table, and the exchange raises
   // done_words_[nth % kSlots], kept here in this object, to nth + 1 once the sum is in the

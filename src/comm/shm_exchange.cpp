@@ -206,7 +206,7 @@ void ShmExchange::reduce(Sum& s, std::vector<int>& counts) {
 }
 
 // A wait after long work finds every line and page it touches cold (each costs about a
-// microsecond on the development VM), so the wait path touches few: no allocation, no
+// microsecond on a virtual machine), so the wait path touches few: no allocation, no
 // reference counting; the finished record is kept for a later start.
 void ShmExchange::finish(uint64_t n, Idle& idle, bool may_throw) {
   const auto it = find(n);

@@ -44,7 +44,7 @@ inline Request parse(const char* v) {
   return r;
 }
 
-/// The rule's constants (PERFORMANCE.md "Chunked calls" has the measurements behind them).
+/// The rule's constants (docs/measurements.md has the measurements behind them).
 struct Rule {
   /// Whether auto chunks at all: false where chunking was measured not to pay (or was not
   /// measured); TPNORM_CHUNK=on still chunks.
@@ -62,16 +62,15 @@ struct Rule {
 /// The rule on a host: chunks of half of one core's L2 of re-read input (x; x and dy backward),
 /// but not below min(L2, 512 KiB) nor 256 KiB. The runner keeps two chunks live (the one
 /// applied, the next one's partial) and the apply prefetches a third, so a chunk's inputs are
-/// re-read from L2 or the L3 next to it. On a 1 MiB-L2 core (Zen 5, 2 ranks) half-L2 chunks
-/// took 0.91-0.99x the backward time of one-L2 ones in 16 of 16 interleaved runs at 4096 x 2048
-/// per rank (LayerNorm and RMSNorm), and 3 of 3 at 8192 x 1024 and 2048 x 4096 (as on a
-/// 1 MiB-L2 Zen 4, kernels alone, in 15 of 18 runs); quarter-L2 ones were no faster. The whole
-/// step's ratio in examples/overlap stayed within the noise. On 512 KiB-L2 cores (Zen 3) the
-/// rule keeps the whole-L2 chunks it was run with there (half of that not measured). Chunks of
-/// a quarter of L2 + an L3 share (4.25 MiB) measured 1.30x the local step against 1.12x for 1
-/// MiB ones (PERFORMANCE.md "Chunked calls"). Auto chunks the calls of at least 4 L2s of
-/// re-read input per rank at P >= 2: measured faster than one collective on the development
-/// machine (2 ranks on 2 cores, 4096 x 2048 per rank and larger).
+/// re-read from L2 or the L3 next to it. On 1 MiB-L2 cores (2 ranks) half-L2 chunks took
+/// 0.91-0.99x the backward time of one-L2 ones in 16 of 16 interleaved runs at 4096 x 2048 per
+/// rank (LayerNorm and RMSNorm), and 3 of 3 at 8192 x 1024 and 2048 x 4096; quarter-L2 ones were
+/// no faster. The whole step's ratio in examples/overlap stayed within the noise. On 512 KiB-L2
+/// cores the rule keeps whole-L2 chunks (half of that not measured). Chunks of a quarter of L2 +
+/// an L3 share (4.25 MiB) measured 1.30x the local step against 1.12x for 1 MiB ones. Auto
+/// chunks the calls of at least 4 L2s of re-read input per rank at P >= 2: measured faster than
+/// one collective with 2 ranks on 2 cores, 4096 x 2048 per rank and larger. docs/measurements.md
+/// has these measurements.
 inline Rule host_rule(int64_t l2_bytes) {
   Rule r;
   const int64_t l2 = std::max<int64_t>(int64_t{256} << 10, l2_bytes);

@@ -1,7 +1,7 @@
 // test_bench_traffic.cpp — the bytes and collectives the benchmark reports are the documented
 // ones: for every op in the benchmark's table, the communicator's counters after one forward
-// and one backward equal README "One collective per call" exactly (payload + call header, in
-// the wire type), with and without the strict pre-check, and the op's own formula agrees.
+// and one backward equal docs/cpp-api.md's "One collective per call" exactly (payload + call
+// header, in the wire type), with and without the strict pre-check, and the op's own formula agrees.
 // Every strategy of the comparison (--strategies) makes exactly the collectives and bytes of its
 // plan (all-gathers counted beside the communicator) and matches the reference.
 // Also: the outputs the benchmark checks are right, and the benchmark's timing communicator
@@ -23,7 +23,7 @@ namespace {
 using namespace tpnorm;
 using namespace tpnorm_bench;
 
-// README: values per rank per call before the header. Written out here, not taken from the op.
+// The documented values per rank per call before the header. Written out here, not taken from the op.
 uint64_t documented_values(const std::string& op, const BenchConfig& c) {
   if (op == "layernorm") return 2 * static_cast<uint64_t>(c.rows);
   if (op == "rmsnorm") return static_cast<uint64_t>(c.rows);
@@ -71,7 +71,7 @@ TEST(BenchTraffic, CountersEqualTheDocumentedFormula) {
   }
 }
 
-// Stats::kExact: int64 limbs (common/exact_sum.h), README "Same bits at any world size",
+// Stats::kExact: int64 limbs (common/exact_sum.h), docs/exact-statistics.md,
 // written out here: LayerNorm 13 a row forward (bad + 5 limbs of sum x + 7 of sum x^2) and 11
 // backward, RMSNorm 8 and 6, SyncBatchNorm 13 and 11 a channel; the header in int64 too.
 TEST(BenchTraffic, ExactCountersEqualTheDocumentedLimbs) {

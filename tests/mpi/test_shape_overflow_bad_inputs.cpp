@@ -7,7 +7,7 @@
 //
 // An absurd x changes that rank's payload length (its geometry is zeroed), like any size that
 // differs across ranks, so the one-rank cases run in strict mode (the header's own collective
-// catches them; see README "Failure behaviour"); shapes absurd on every rank, and absurd
+// catches them; see docs/failure-behaviour.md); shapes absurd on every rank, and absurd
 // GroupNorm offsets (which leave the payload length alone), run in strict and folded mode.
 #include <gtest/gtest.h>
 

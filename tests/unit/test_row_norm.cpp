@@ -169,7 +169,7 @@ TEST(RowNorm, LargeOffsetRobustDefaultNaiveFails) {
   EXPECT_GT(worst, 1e-2) << "naive float32 moments were expected to cancel here";
 }
 
-// Tensors past the last-level cache (32 MiB on the development machine) take the streaming-store
+// Tensors past the last-level cache (32 MiB is typical) take the streaming-store
 // path; rows of 4099 floats start at a different 64-byte offset each, so every row peels.
 TEST(RowNorm, LargeTensorStreamingPath) {
   const int64_t rows = 1040, h = 4099;  // 17 MB a tensor: forward 34 MB, backward 51 MB

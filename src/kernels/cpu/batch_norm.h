@@ -81,7 +81,7 @@ bool bn_fuses(const BatchNormArgs& a, int64_t input_bytes);
 /// larger than the L2 is still re-read from cache: the lines the apply's prefetch of the next
 /// channel pushes out of L2 are in the L3 (a victim cache on AMD and on Intel since Skylake-SP),
 /// so the fused path paid up to about 5 MB of x and dy per channel on a 512 KiB-L2 / 32 MiB-L3
-/// core (PERFORMANCE.md, "SyncBatchNorm's fused path beyond L2"), and stops paying where the
+/// core (docs/measurements.md), and stops paying where the
 /// thread's two live channels crowd the L3 (6.4 MB measured even at one thread, a loss at
 /// 12.8 MB).
 int64_t bn_fused_channel_bytes(int threads);

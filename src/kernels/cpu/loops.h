@@ -102,8 +102,9 @@ inline int64_t sysfs_cache_bytes(int index) {
   return b;
 }
 
-/// The last-level cache in bytes: sysfs first (glibc's sysconf reports 320 MiB for this VM's
-/// 32 MiB L3, which disabled streaming for every benchmark shape), then sysconf, then 32 MiB.
+/// The last-level cache in bytes: sysfs first (glibc's sysconf can report 320 MiB for a virtual
+/// machine's 32 MiB L3, which disabled streaming for every benchmark shape), then sysconf, then
+/// 32 MiB.
 inline int64_t last_level_cache_bytes() {
   static const int64_t bytes = [] {
     int64_t b = sysfs_cache_bytes(3);

@@ -173,12 +173,11 @@ inline void backward_sums(const RowNormArgs& a, const T* dyr, const T* xr, const
 // Rows go through the backward in groups of up to kGroup: the dgamma/dbeta lanes of a column
 // are loaded and stored once per group, not once per row (at h = 4096 they are 32 KiB, all of
 // L1, and updating them row by row cost a third of the kernel's time).
-// 2 rows: on a Zen 3 core (AVX2, 16 ymm registers) 4 rows' accumulators spilled to the stack
-// and 2-row groups took 0.80-0.88x the time of 4-row ones at [16384, 4096], 0.96-1.09x at
-// [65536, 1024]; on a Zen 4 core (AVX-512, 32 zmm registers, where 4 rows fit) 2-row groups
-// took 0.86-0.99x the 4-row time for LayerNorm and 0.93-1.05x for RMSNorm, both shapes, 1 and 2
-// threads (1 thread unless said, alternated call by call). The bits do not depend on the group
-// (rows in order).
+// 2 rows: with AVX2 (16 ymm registers) 4 rows' accumulators spill to the stack, and 2-row
+// groups took 0.80-0.88x the time of 4-row ones at [16384, 4096], 0.96-1.09x at [65536, 1024];
+// with AVX-512 (32 zmm registers, where 4 rows fit) 2-row groups still took 0.86-0.99x the
+// 4-row time for LayerNorm and 0.93-1.05x for RMSNorm (docs/measurements.md). The bits do not
+// depend on the group (rows in order).
 constexpr int kGroup = 2;
 
 // One row of the backward: its inputs and output, x - mean as (x - mh) - mt, rstd, dx's
