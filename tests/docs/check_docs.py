@@ -77,7 +77,7 @@ def path_exists(root, doc, span):
     for c in candidates:
         if os.path.exists(os.path.join(root, c)):
             return True
-    return ignored(root, span)
+    return any(ignored(root, p) for p in (span, span + "/", span + "/x"))
 
 
 def check_paths(root, problems):
