@@ -13,7 +13,7 @@ Checks:
             environment variable that src/, bench/ and launch/ read, and each of its variables
             appears in that code
   length    README.md has at most 300 lines
-  words     no tracked file speaks of its own development (sessions, issue numbers, ...)
+  words     no tracked file talks about how it was developed (see check_words)
 The quick starts: a fenced block directly after a line `<!-- docs-test: NAME -->` in README.md
 is written to DIR/NAME by --extract; tests/docs/quickstart.cmake builds and runs them.
 Standard library only, so any python3 runs it.
