@@ -6,14 +6,16 @@
 #   env MH_LAUNCHER=... MH_DEMO=... MH_ROW=... MH_FUSED=... MH_BN=... MH_EXACT=... MH_BLOCK=...
 #       equivalence.sh
 #
-# 1. Placement: 4 ranks on tpmh-h1:2,tpmh-h2:2 report 2 of each hostname.
+# 1. Placement: 4 ranks on tpmh-h1:2,tpmh-h2:2 (--hosts, and the same as a --hostfile) report
+#    2 of each hostname.
 # 2. The traffic crosses the link: the demo at 2 ranks, one per host, and the bytes through
 #    host 2's veth must be at least the payload its rank all-reduces (the demo's bytes/rank/call
 #    times the calls made). The same job with both ranks on host 1 moves (almost) nothing
 #    through host 2's link: the counter measures the link, and ranks on different hosts talk
 #    over it, not over shared memory.
 # 3. 2 hosts x 2 ranks against the float64 references: the multi-rank tests of sharded
-#    LayerNorm/RMSNorm, fused residual add + norm and SyncBatchNorm (tests/mpi).
+#    LayerNorm/RMSNorm (started with the hostfile), fused residual add + norm and SyncBatchNorm
+#    (tests/mpi).
 # 4. Stats::kExact: bitwise equal to one process across the hosts (test_exact_invariance's
 #    random cases of small-valued inputs, every op, at world sizes 1-4 inside the 4-rank job,
 #    and its exact-variance cases; its 360 general cases run on one host in tests/reliability,
@@ -32,9 +34,16 @@ log="$(mktemp)"; MH_LOG="$log"; trap 'rm -f "$log" "$log".*; mh_cleanup' EXIT
 on_hosts() { mh_launch "$1" "$H1" "${@:2}"; }
 
 # 1. Placement.
-on_hosts 60 -n 4 "${ACROSS[@]}" hostname
-[ "$rc" -eq 0 ] && [ "$(grep -cx "$H1" "$log")" -eq 2 ] && [ "$(grep -cx "$H2" "$log")" -eq 2 ] ||
-  fail "placement: exit $rc: $(cat "$log")"
+printf '%s slots=2\n' "$H1" "$H2" >"$log.hostfile"
+HOSTFILE=(--hostfile "$log.hostfile")
+for hosts in ACROSS HOSTFILE; do
+  declare -n h="$hosts"
+  on_hosts 60 -n 4 "${h[@]}" hostname
+  [ "$rc" -eq 0 ] && [ "$(grep -cx "$H1" "$log")" -eq 2 ] && [ "$(grep -cx "$H2" "$log")" -eq 2 ] ||
+    fail "placement with ${h[*]}: exit $rc: $(cat "$log")"
+  unset -n h
+done
+echo "placement: 2 ranks on each host with --hosts and with --hostfile"
 
 # 2. Traffic: the payload the demo all-reduces (LayerNorm and RMSNorm, forward and backward,
 # 1 counted + ITERS timed calls each; its SyncBatchNorm part is extra and not counted).
@@ -59,7 +68,8 @@ echo "both ranks on host 1: host 2's link carried $link bytes"
 
 # 3. Against the float64 references, 2 hosts x 2 ranks.
 for t in "$MH_ROW" "$MH_FUSED" "$MH_BN"; do
-  on_hosts 200 -n 4 "${ACROSS[@]}" "$t" --gtest_color=no
+  if [ "$t" = "$MH_ROW" ]; then hosts=("${HOSTFILE[@]}"); else hosts=("${ACROSS[@]}"); fi
+  on_hosts 200 -n 4 "${hosts[@]}" "$t" --gtest_color=no
   summary="$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tr '\n' ' ')"
   echo "$(basename "$t") across hosts: exit $rc: $summary"
   [ "$rc" -eq 0 ] || fail "$(basename "$t") across hosts: $(tail -40 "$log")"

@@ -8,7 +8,7 @@
 # Covers: what run adds only when needed (oversubscription past the cores, run-as-root only as
 # root); -np as -n; -H/--host, -N, -x passed through; --mpirun-args keeping quoted values;
 # inside Slurm, srun for the flags it honours and an error naming each flag it cannot honour;
-# mpirun inside Slurm when srun has no PMIx.
+# mpirun inside Slurm when srun has no PMIx; bench's --hosts / --hostfile.
 set -uo pipefail
 LAUNCHER="$1"
 dir="$(mktemp -d)"; trap 'rm -rf "$dir"' EXIT
@@ -124,6 +124,13 @@ launch -n 2 --launcher mpirun --hosts ha:2 true
 FAKE_SRUN_PMIX=0 launch -n 2 true
 [[ "$argv" == mpirun* ]] || fail "Slurm without PMIx: $argv"
 unset SLURM_JOB_ID FAKE_SRUN_PMIX
+
+# bench takes the hosts too (its flags are checked before anything is built: a bad flag after
+# --hosts is the first complaint, so --hosts itself was taken).
+out="$("$LAUNCHER" bench --hosts ha:1,hb:1 --hostfile /dev/null --no-such-flag 2>&1)"; rc=$?
+[ "$rc" -eq 2 ] && [[ "$out" == *"unknown flag --no-such-flag"* ]] || fail "bench --hosts: $rc: $out"
+out="$("$LAUNCHER" bench --hosts 2>&1)"; rc=$?
+[ "$rc" -eq 2 ] && [[ "$out" == *"--hosts needs a value"* ]] || fail "bench --hosts without value: $out"
 
 [ "$failures" -eq 0 ] || { echo "$failures check(s) failed"; exit 1; }
 echo "PASS: launcher command lines"
