@@ -5,8 +5,8 @@
 #
 #   launcher_lines.sh LAUNCHER
 #
-# Covers: what run adds only when needed (oversubscription past the cores, run-as-root only as
-# root); -np as -n; -H/--host, -N, -x passed through; --mpirun-args keeping quoted values;
+# Covers: what run adds only when needed (oversubscription past the cores, no binding for
+# several threads per rank, run-as-root only as root); -np as -n; -H/--host, -N, -x passed through; --mpirun-args keeping quoted values;
 # inside Slurm, srun for the flags it honours and an error naming each flag it cannot honour;
 # mpirun inside Slurm when srun has no PMIx; bench's --hosts / --hostfile.
 set -uo pipefail
@@ -47,18 +47,25 @@ lacks() { [[ " $argv" != *" $1 "* ]]; }
 word_is() { grep -qxF -- "$1" "$dir/argv" 2>/dev/null; }
 env_is() { grep -qx "$1" "$dir/env" 2>/dev/null; }
 
-cores="$(nproc)"
+cores="$(lscpu -p=core,socket 2>/dev/null | grep -v "^#" | sort -u | wc -l)"
+[ "$cores" -ge 1 ] || cores="$(nproc)"
 unset SLURM_JOB_ID OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
       OMPI_MCA_rmaps_base_oversubscribe OMP_NUM_THREADS TPNORM_LAUNCHER
 
-# Within the cores, no placement changes; past them, oversubscription and no binding, printed.
-launch -n 1 true
+# Within the cores at one thread per rank, no placement changes; several OpenMP threads per
+# rank, no binding (mpirun would bind them all to one core); past the cores, oversubscription
+# and no binding; each printed with its reason.
+OMP_NUM_THREADS=1 launch -n 1 true
 [ "$rc" -eq 0 ] || fail "-n 1: exit $rc: $(cat "$dir/log")"
-lacks --oversubscribe && lacks --bind-to || fail "-n 1 on $cores cores: $argv"
+lacks --oversubscribe && lacks --bind-to || fail "-n 1, 1 thread, on $cores cores: $argv"
 has "-n 1" || fail "-n 1 not passed: $argv"
+OMP_NUM_THREADS=2 launch -n 1 true
+lacks --oversubscribe && has "--bind-to none" && grep -q "(2 threads per rank)" "$dir/log" ||
+  fail "-n 1, 2 threads: $argv: $(cat "$dir/log")"
 launch -np $((cores + 1)) true
 has "--oversubscribe --bind-to none" || fail "-np $((cores + 1)) on $cores cores: $argv"
-grep -q -- "adds: --oversubscribe --bind-to none" "$dir/log" || fail "not printed: $(cat "$dir/log")"
+grep -q -- "adds: --oversubscribe --bind-to none ($((cores + 1)) ranks > $cores cores)" "$dir/log" ||
+  fail "not printed: $(cat "$dir/log")"
 has "-n $((cores + 1))" || fail "-np not passed as -n: $argv"
 # Named hosts bring their own slots: nothing added even past this machine's cores.
 launch -n $((cores + 1)) --hosts ha:$((cores + 1)) true
