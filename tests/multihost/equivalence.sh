@@ -28,6 +28,9 @@ mh_up 2
 H1=$MH_PREFIX-h1 H2=$MH_PREFIX-h2
 ACROSS=(--hosts "$H1:2,$H2:2")
 export TPNORM_TIMEOUT=30 OMP_NUM_THREADS=1
+# The fixture's hosts share this machine's cores: a rank waiting for its peers yields its core
+# (as ./launch/tpnorm bench does) instead of spinning while they need it.
+export OMPI_MCA_mpi_yield_when_idle=1
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 log="$(mktemp)"; MH_LOG="$log"; trap 'rm -f "$log" "$log".*; mh_cleanup' EXIT
