@@ -5,7 +5,8 @@
 // Watchdog: the all-reduce is MPI_Iallreduce completed by polling MPI_Test against a deadline,
 // so a collective that a dead or stuck rank never joins ends the job with MPI_Abort and a
 // message naming op, rank and call sequence, instead of blocking forever in MPI_Allreduce. No
-// extra thread for it (MPI_Abort is called from the calling thread); the shared-memory
+// extra thread while waiting (MPI_Abort is called from the calling thread; abort_world's timer
+// thread and reaper, which never call MPI, start only once the job is being ended); the shared-memory
 // exchange's progress thread never calls MPI, so MPI_THREAD_FUNNELED suffices.
 // Started sums are completed by the same loop when waited, so the watchdog covers them too.
 // Small sums are an exchange instead (see kExchangeBytes): through a shared-memory window
@@ -20,9 +21,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include "comm/mpi_check.h"
 #include "comm/mpi_util.h"
@@ -33,6 +40,66 @@ namespace tpnorm {
 namespace {
 
 using detail::mpi_type;
+
+// MPI_Abort asks the runtime to end the whole job, and a host that has lost its link to the
+// job's mpirun never hears back: its OpenMPI daemon ends the ranks it started there and then
+// waits for orders that cannot come, and MPI_Abort itself may block (docs/cluster.md, faults).
+// So an aborting rank first starts a reaper: a process detached by setsid, outside the job's
+// process group and holding none of its descriptors, that waits kAbortGraceSeconds for the
+// OpenMPI daemon or launcher that started this rank (its nearest such ancestor: a wrapper such
+// as `bash -c` may stand in between; under srun there is none, and Slurm's processes are left
+// alone) to end, and kills it if it has not. The rank itself exits after the same grace if
+// MPI_Abort has not ended it. A job that the runtime ends in time never reaches either.
+constexpr int kAbortGraceSeconds = 10;
+
+// The parent of PID and its command name, from /proc; 0 when unknown.
+pid_t parent_of(pid_t pid, std::string* name) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos) return 0;
+  *name = stat.substr(open + 1, close - open - 1);
+  int ppid = 0;
+  char state = 0;
+  return std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 ? ppid : 0;
+}
+
+// The nearest ancestor of this process that is OpenMPI's daemon or launcher, or 0.
+pid_t openmpi_runtime_ancestor() {
+  std::string name;
+  pid_t p = getppid();
+  for (int depth = 0; depth < 8 && p > 1; ++depth) {
+    const pid_t up = parent_of(p, &name);
+    if (name == "orted" || name == "mpirun" || name == "mpiexec" || name == "orterun" ||
+        name == "prted" || name == "prterun")
+      return p;
+    p = up;
+  }
+  return 0;
+}
+
+// The reaper of RUNTIME (see kAbortGraceSeconds); only async-signal-safe calls after fork.
+void start_reaper(pid_t runtime) {
+  if (fork() != 0) return;  // this rank, or no reaper when fork failed
+  setsid();
+  for (int fd = 0; fd < 1024; ++fd) close(fd);
+  for (int i = 0; i < kAbortGraceSeconds * 10; ++i) {
+    if (kill(runtime, 0) != 0) _exit(0);
+    usleep(100000);
+  }
+  kill(runtime, SIGKILL);
+  _exit(0);
+}
+
+[[noreturn]] void abort_world(int code) {
+  if (const pid_t runtime = openmpi_runtime_ancestor()) start_reaper(runtime);
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
+    std::_Exit(code);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, code);  // the whole job, not only this group
+  std::_Exit(code);                 // MPI_Abort does not return; if it ever did, end anyway
+}
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -62,8 +129,7 @@ class MpiCommunicator final : public Communicator {
   [[noreturn]] void abort_job(const std::string& message) override {
     std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);  // the whole job, not only this group
-    std::abort();                  // MPI_Abort does not return; the compiler cannot know
+    abort_world(1);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -340,7 +406,7 @@ class MpiCommunicator final : public Communicator {
       if (i % 64 == 0 && clock::now() > deadline) {
         std::fprintf(stderr, "%s\n", watchdog_message(p.op, p.sequence).c_str());
         std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);  // the whole job, not only this group
+        abort_world(kWatchdogExitCode);
       }
     }
   }
@@ -364,7 +430,7 @@ class MpiCommunicator final : public Communicator {
       } else if (now > deadline) {
         std::fprintf(stderr, "%s\n", comm.watchdog_message(op, sequence).c_str());
         std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, kWatchdogExitCode);  // the whole job, not only this group
+        abort_world(kWatchdogExitCode);
       }
     }
     MpiCommunicator& comm;
