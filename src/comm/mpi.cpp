@@ -43,7 +43,7 @@ using detail::mpi_type;
 
 // MPI_Abort asks the runtime to end the whole job, and a host that has lost its link to the
 // job's mpirun never hears back: its OpenMPI daemon ends the ranks it started there and then
-// waits for orders that cannot come, and MPI_Abort itself may block (docs/cluster.md, faults).
+// waits for orders that cannot come, and MPI_Abort itself may block (docs/multi-node.md, faults).
 // So an aborting rank first starts a reaper: a process detached by setsid, outside the job's
 // process group and holding none of its descriptors, that waits kAbortGraceSeconds for the
 // OpenMPI daemon or launcher that started this rank (its nearest such ancestor: a wrapper such
