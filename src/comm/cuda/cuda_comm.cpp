@@ -150,7 +150,10 @@ using detail::mpi_type;
 struct MpiDup {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
-  explicit MpiDup(MPI_Comm parent) { detail::dup_comm(parent, &comm, &rank, &size); }
+  MpiDup() = default;
+  explicit MpiDup(MPI_Comm parent) { connect(parent); }
+  /// Collective over parent (MPI_Comm_dup): every rank's local set-up is agreed before it.
+  void connect(MPI_Comm parent) { detail::dup_comm(parent, &comm, &rank, &size); }
   ~MpiDup() {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -189,8 +192,9 @@ struct MpiDup {
 // share one GPU (NCCL refuses that). Waits (stream and MPI) are polled against timeout().
 class MpiStagedCommunicator final : public CudaCommBase {
  public:
-  MpiStagedCommunicator(MPI_Comm comm, cudaStream_t stream, int device)
-      : CudaCommBase(stream, device), mpi_(comm) {}
+  /// Local steps only (device, error word); connect() then joins the peers.
+  MpiStagedCommunicator(cudaStream_t stream, int device) : CudaCommBase(stream, device) {}
+  void connect(MPI_Comm comm) { mpi_.connect(comm); }
   ~MpiStagedCommunicator() override {
     if (host_) {
       cudaStreamSynchronize(stream_);
@@ -257,6 +261,53 @@ class MpiStagedCommunicator final : public CudaCommBase {
   size_t host_cap_ = 0;
 };
 
+/// The device of `stream`, or -1 for the legacy / per-thread default stream (which runs on
+/// whatever device is current when work is enqueued).
+int stream_device(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return -1;
+  int d = -1;
+  TPNORM_CHECK(CUDA, cudaStreamGetDevice(stream, &d));
+  return d;
+}
+
+void check_stream_device(cudaStream_t stream, int device) {
+  const int sd = stream_device(stream);
+  if (sd >= 0 && sd != device)
+    throw Error(ErrorCode::kInvalidArgument,
+                "tpnorm: the stream belongs to CUDA device " + std::to_string(sd) +
+                    " but the communicator is on device " + std::to_string(device) +
+                    "; create the stream on the communicator's device (cudaSetDevice first)");
+}
+
+// The factories' agreement order: every step that can fail on one rank (choosing the device,
+// the stream's device, device memory, NCCL's queries, the watchdog thread) runs first, then
+// every rank learns whether any rank failed it; only then comes a step that waits for peers
+// (MPI_Comm_dup, ncclCommInitRank). If one rank failed, all throw the first failing rank's
+// message, so that no rank waits in a later step for it.
+void agree_or_throw(MPI_Comm comm, const std::string& local_error, const char* factory,
+                    const char* step) {
+  int me = 0;
+  TPNORM_CHECK(MPI, MPI_Comm_rank(comm, &me));
+  int first = local_error.empty() ? INT_MAX : me;
+  TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == INT_MAX) return;
+  char msg[512] = {};
+  if (me == first) std::strncpy(msg, local_error.c_str(), sizeof msg - 1);
+  TPNORM_CHECK(MPI, MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, comm));
+  throw Error(ErrorCode::kCommunication, std::string("tpnorm: ") + factory + ": " + step +
+                                             " failed on rank " + std::to_string(first) + ": " +
+                                             msg);
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
 #ifdef TPNORM_WITH_NCCL
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -291,34 +342,17 @@ int nccl_device(ncclComm_t c) {
   return d;
 }
 
-/// The device of `stream`, or -1 for the legacy / per-thread default stream (which runs on
-/// whatever device is current when work is enqueued).
-int stream_device(cudaStream_t stream) {
-  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return -1;
-  int d = -1;
-  TPNORM_CHECK(CUDA, cudaStreamGetDevice(stream, &d));
-  return d;
-}
-
-void check_stream_device(cudaStream_t stream, int device) {
-  const int sd = stream_device(stream);
-  if (sd >= 0 && sd != device)
-    throw Error(ErrorCode::kInvalidArgument,
-                "tpnorm: the stream belongs to CUDA device " + std::to_string(sd) +
-                    " but the NCCL communicator is on device " + std::to_string(device) +
-                    "; create the stream on the communicator's device (cudaSetDevice first)");
-}
-
 // ncclAllReduce on the caller's stream, watched by a Watchdog thread. Owns the ncclComm_t
 // only when tpnorm made it.
 class NcclCommunicator final : public CudaCommBase {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, bool own, MPI_Comm control)
+  /// Local steps only; attach_control() then joins the peers over MPI when the communicator
+  /// was made from an MPI_Comm.
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, bool own)
       : CudaCommBase(stream, nccl_device(comm)), comm_(comm), own_(own) {
     check_stream_device(stream, device_);
     TPNORM_CHECK(NCCL, settle(comm_, ncclCommUserRank(comm_, &rank_), 0));
     TPNORM_CHECK(NCCL, settle(comm_, ncclCommCount(comm_, &size_), 0));
-    if (control != MPI_COMM_NULL) mpi_ = std::make_unique<MpiDup>(control);
     detail::Watchdog::Hooks h;
     h.on_start = [this] {
       cudaSetDevice(device_);
@@ -384,6 +418,8 @@ class NcclCommunicator final : public CudaCommBase {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   [[noreturn]] void abort_job(const std::string& message) override { end_job(message); }
+  /// Collective over `control` (MPI_Comm_dup): the strict pre-check and diagnoses go over it.
+  void attach_control(MPI_Comm control) { mpi_ = std::make_unique<MpiDup>(control); }
 
   // MPI when the communicator came from an MPI_Comm; else NCCL plus a polled wait on the
   // stream (strict calls and diagnoses only, never in the steady state).
@@ -553,31 +589,6 @@ class NcclCommunicator final : public CudaCommBase {
   std::unique_ptr<detail::Watchdog> watchdog_;  // last: its thread uses the members above
 };
 
-// Every rank learns whether any rank failed a local step of a collective set-up; if one did,
-// all throw the first failing rank's message (so no rank waits in a later step for it).
-void agree_or_throw(MPI_Comm comm, const std::string& local_error, const char* step) {
-  int me = 0;
-  TPNORM_CHECK(MPI, MPI_Comm_rank(comm, &me));
-  int first = local_error.empty() ? INT_MAX : me;
-  TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT_MAX) return;
-  char msg[512] = {};
-  if (me == first) std::strncpy(msg, local_error.c_str(), sizeof msg - 1);
-  TPNORM_CHECK(MPI, MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, comm));
-  throw Error(ErrorCode::kCommunication, std::string("tpnorm: make_nccl_communicator: ") + step +
-                                             " failed on rank " + std::to_string(first) + ": " +
-                                             msg);
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
 #endif
 
 }  // namespace
@@ -588,7 +599,22 @@ std::unique_ptr<Communicator> make_cuda_single_communicator(cudaStream_t stream,
 
 std::unique_ptr<Communicator> make_mpi_staged_cuda_communicator(MPI_Comm comm, cudaStream_t stream,
                                                                 int device) {
-  return std::make_unique<MpiStagedCommunicator>(comm, stream, device);
+  constexpr const char* kName = "make_mpi_staged_cuda_communicator";
+  // 1. Local: the device, the stream's device, the error word. 2. Agreed. 3. MPI_Comm_dup.
+  std::unique_ptr<MpiStagedCommunicator> made;
+  agree_or_throw(comm, error_of([&] {
+                   int count = 0;
+                   TPNORM_CHECK(CUDA, cudaGetDeviceCount(&count));
+                   if (device < 0 || device >= count)
+                     throw Error(ErrorCode::kInvalidArgument,
+                                 "device " + std::to_string(device) + " is not one of the " +
+                                     std::to_string(count) + " visible CUDA devices");
+                   check_stream_device(stream, device);
+                   made = std::make_unique<MpiStagedCommunicator>(stream, device);
+                 }),
+                 kName, "setting up the device");
+  made->connect(comm);
+  return made;
 }
 
 namespace {
@@ -614,7 +640,7 @@ int local_cuda_device(MPI_Comm comm) {
 
 #ifdef TPNORM_WITH_NCCL
 std::unique_ptr<Communicator> make_nccl_communicator(ncclComm_t comm, cudaStream_t stream) {
-  return std::make_unique<NcclCommunicator>(comm, stream, false, MPI_COMM_NULL);
+  return std::make_unique<NcclCommunicator>(comm, stream, false);
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t stream,
@@ -633,7 +659,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
                    check_stream_device(stream, device);
                    TPNORM_CHECK(CUDA, cudaSetDevice(device));
                  }),
-                 "choosing the device");
+                 "make_nccl_communicator", "choosing the device");
   // 2. Rank 0's unique id; whether it got one travels with it.
   struct {
     int ok;
@@ -644,20 +670,28 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
   if (!msg.ok)
     throw Error(ErrorCode::kCommunication,
                 "tpnorm: make_nccl_communicator: ncclGetUniqueId failed on rank 0");
-  // 3. The NCCL communicator, then agreement that every rank has one.
+  // 3. ncclCommInitRank (it waits for the peers; every rank reached it), agreed.
   ncclComm_t nc = nullptr;
-  std::unique_ptr<Communicator> made;
-  std::string err = error_of([&] {
-    TPNORM_CHECK(NCCL, ncclCommInitRank(&nc, size, msg.id, rank));
-    made = std::make_unique<NcclCommunicator>(nc, stream, true, comm);
-  });
-  if (!err.empty() && nc && !made) ncclCommAbort(nc);
+  std::string err = error_of([&] { TPNORM_CHECK(NCCL, ncclCommInitRank(&nc, size, msg.id, rank)); });
+  if (!err.empty() && nc) ncclCommAbort(nc), nc = nullptr;
   try {
-    agree_or_throw(comm, err, "ncclCommInitRank");
+    agree_or_throw(comm, err, "make_nccl_communicator", "ncclCommInitRank");
   } catch (...) {
-    if (made) made.reset();
+    if (nc) ncclCommAbort(nc);
     throw;
   }
+  // 4. The local set-up of the communicator (device memory, the watchdog thread), agreed.
+  std::unique_ptr<NcclCommunicator> made;
+  err = error_of([&] { made = std::make_unique<NcclCommunicator>(nc, stream, true); });
+  if (!made) ncclCommAbort(nc);  // the constructor threw: nothing owns nc
+  try {
+    agree_or_throw(comm, err, "make_nccl_communicator", "setting up the communicator");
+  } catch (...) {
+    made.reset();
+    throw;
+  }
+  // 5. The MPI control channel (MPI_Comm_dup, every rank reaches it).
+  made->attach_control(comm);
   return made;
 }
 
@@ -675,7 +709,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
           std::to_string(count) +
           " visible); use one rank per GPU, or "
           "make_mpi_staged_cuda_communicator to share a GPU";
-  agree_or_throw(comm, err, "finding this rank's GPU");
+  agree_or_throw(comm, err, "make_nccl_communicator", "finding this rank's GPU");
   return make_nccl_communicator(comm, stream, device);
 }
 #endif
