@@ -397,6 +397,17 @@ class NcclCommunicator final : public CudaCommBase {
     }
   }
   ~NcclCommunicator() override {
+    {
+      // Drain the streams while the watchdog still watches them: a collective that a peer
+      // never joins ends the job with the watchdog's message instead of hanging here.
+      int prev = 0;
+      cudaGetDevice(&prev);
+      cudaSetDevice(device_);
+      for (cudaStream_t st : {stream_, side_})
+        if (st) poll_until(0, [&] { return cudaStreamQuery(st) != cudaErrorNotReady; });
+      (void)cudaGetLastError();
+      cudaSetDevice(prev);
+    }
     watchdog_.reset();  // joins its thread before anything it touches goes
     {
       int prev = 0;
@@ -410,7 +421,11 @@ class NcclCommunicator final : public CudaCommBase {
       for (auto& p : started_) cudaEventDestroy(p.second);
       for (cudaEvent_t e : spare_) cudaEventDestroy(e);
       for (cudaEvent_t e : events_) cudaEventDestroy(e);
-      if (ctrl_) cudaFree(ctrl_);
+      old_ctrl_.push_back({ctrl_, ctrl_host_});
+      for (const auto& b : old_ctrl_) {
+        if (b.first) cudaFree(b.first);
+        if (b.second) cudaFreeHost(b.second);
+      }
       cudaSetDevice(prev);
     }
     if (own_) ncclCommDestroy(comm_);
@@ -431,25 +446,39 @@ class NcclCommunicator final : public CudaCommBase {
                   "CUDA graph; call Communicator::set_strict_calls(0) or capture later calls");
     detail::DeviceGuard g(device_);
     const size_t bytes = n * sizeof(double);
+    // Every host-side wait here is bounded by the watchdog's timeout. The host side of both
+    // copies is pinned: a copy from or into pageable memory returns only once it is done,
+    // i.e. after the stream's earlier work and the all-reduce, so a peer that never joins
+    // would hang this rank inside cudaMemcpyAsync, before the polled wait below. Buffers that
+    // are outgrown are kept until the destructor: freeing them would synchronise the device.
     if (bytes > ctrl_cap_) {
-      TPNORM_CHECK(CUDA, cudaStreamSynchronize(stream_));
-      if (ctrl_) TPNORM_CHECK(CUDA, cudaFree(ctrl_));
-      ctrl_ = nullptr;
-      ctrl_cap_ = 0;
-      TPNORM_CHECK(CUDA, cudaMalloc(&ctrl_, bytes));
+      void* dev = nullptr;
+      void* host = nullptr;
+      TPNORM_CHECK(CUDA, cudaMalloc(&dev, bytes));
+      if (cudaMallocHost(&host, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(dev);
+        throw Error(ErrorCode::kCommunication,
+                    "tpnorm: no pinned host memory for the control all-reduce");
+      }
+      if (ctrl_) old_ctrl_.push_back({ctrl_, ctrl_host_});
+      ctrl_ = dev;
+      ctrl_host_ = host;
       ctrl_cap_ = bytes;
     }
-    TPNORM_CHECK(CUDA, cudaMemcpyAsync(ctrl_, buf, bytes, cudaMemcpyHostToDevice, stream_));
+    std::memcpy(ctrl_host_, buf, bytes);
+    TPNORM_CHECK(CUDA, cudaMemcpyAsync(ctrl_, ctrl_host_, bytes, cudaMemcpyHostToDevice, stream_));
     after_side_sums();
     collective(ctrl_, n, ncclFloat64);
-    TPNORM_CHECK(CUDA, cudaMemcpyAsync(buf, ctrl_, bytes, cudaMemcpyDeviceToHost, stream_));
+    TPNORM_CHECK(CUDA, cudaMemcpyAsync(ctrl_host_, ctrl_, bytes, cudaMemcpyDeviceToHost, stream_));
     cudaError_t e = cudaSuccess;
     const bool in_time = poll_until(timeout(), [&] {
       e = cudaStreamQuery(stream_);
       return e != cudaErrorNotReady;
     });
-    if (!in_time) end_job(watchdog_message());
+    if (!in_time) end_job(watchdog_message() + " (the host-side check of the call)");
     TPNORM_CHECK(CUDA, e);
+    std::memcpy(buf, ctrl_host_, bytes);
   }
 
  protected:
@@ -576,8 +605,10 @@ class NcclCommunicator final : public CudaCommBase {
   bool own_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<MpiDup> mpi_;
-  void* ctrl_ = nullptr;
+  void* ctrl_ = nullptr;       // device side of the control all-reduce
+  void* ctrl_host_ = nullptr;  // its pinned host side
   size_t ctrl_cap_ = 0;
+  std::vector<std::pair<void*, void*>> old_ctrl_;  // outgrown {device, host} buffers
   std::mutex ev_mu_;
   std::vector<cudaEvent_t> events_;
   std::vector<uint64_t> free_events_;
@@ -720,6 +751,19 @@ void cuda_check_errors(Communicator& comm) {
   detail::DeviceGuard g(d->device_index());
   const auto s = static_cast<cudaStream_t>(d->stream());
   int flag = 0;
+  // The stream's calls (their collectives) first, waited for against the watchdog's timeout: a
+  // peer that never joins ends the job with the watchdog's message instead of hanging here.
+  cudaError_t e = cudaSuccess;
+  if (!poll_until(comm.timeout(), [&] {
+        e = cudaStreamQuery(s);
+        return e != cudaErrorNotReady;
+      }))
+    d->abort_job("tpnorm watchdog: rank " + std::to_string(comm.rank()) + " of " +
+                 std::to_string(comm.size()) + ": cuda_check_errors waited more than " +
+                 std::to_string(comm.timeout()) +
+                 " s for the stream's device calls (a peer that never joined a collective?); "
+                 "ending the job");
+  TPNORM_CHECK(CUDA, e);
   // Read and clear in stream order, after every call enqueued before this check.
   TPNORM_CHECK(CUDA,
                cudaMemcpyAsync(&flag, d->error_word(), sizeof flag, cudaMemcpyDeviceToHost, s));
