@@ -63,9 +63,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(ncclComm_t comm, cudaStream
 /// clearing the flag. Not for use inside graph capture. No-op for host communicators.
 void cuda_check_errors(Communicator& comm);
 
-/// Grows the communicator's device workspace to at least `bytes` now, so later calls (and
-/// graph captures) never allocate. Optional: calls grow it themselves outside capture.
-/// Throws (kInvalidArgument) while the stream is being captured.
+/// Makes the communicator's device workspace pool hold a free region of at least `bytes` now,
+/// so that a later call (or a call captured into a graph) need not allocate. Each call in
+/// flight holds its own region from start to finish; a call captured into a graph keeps its
+/// region for captured calls only (the graph replays into it). A capture that needs a region no
+/// earlier call left free throws kInvalidArgument: run the captured sequence once first, or
+/// reserve. Optional: eager calls grow the pool themselves. Throws (kInvalidArgument) while the
+/// stream is being captured.
 void cuda_reserve_workspace(Communicator& comm, size_t bytes);
 
 }  // namespace tpnorm

@@ -94,15 +94,27 @@ class CudaCommBase : public detail::DeviceCommunicator {
   int device_index() const override { return device_; }
   int* error_word() override { return static_cast<int*>(err_); }
 
-  void* workspace(size_t bytes) override { return ws_.get(bytes, capturing()); }
+  void* acquire_workspace(size_t bytes) override { return ws_.acquire(bytes, capturing()); }
+  void release_workspace(void* region) override { ws_.release(region); }
+  void reserve_workspace(size_t bytes) {
+    if (capturing())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "tpnorm: cuda_reserve_workspace cannot allocate while the stream is being "
+                  "captured; reserve before capturing");
+    ws_.reserve(bytes);
+  }
 
   // Never throws: it runs between the header's failed launch and the collective.
-  void poison(void* base, size_t bytes) override {
-    if (cudaMemsetAsync(base, 0xff, bytes, stream_) != cudaSuccess) (void)cudaGetLastError();
+  void poison(void* base, size_t bytes, bool int64) override {
+    bool ok = cudaMemsetAsync(base, int64 ? 0 : 0xff, bytes, stream_) == cudaSuccess;
+    if (ok && int64)  // byte kInt64PoisonByte of every 8-byte word: kInt64Poison
+      ok = cudaMemset2DAsync(static_cast<char*>(base) + detail::kInt64PoisonByte, 8, 1, 1,
+                             bytes / 8, stream_) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
   }
 
  protected:
-  bool capturing() const {
+  bool capturing() const override {
     cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream_, &s) != cudaSuccess) return false;
     return s != cudaStreamCaptureStatusNone;
@@ -779,7 +791,7 @@ void cuda_check_errors(Communicator& comm) {
 }
 
 void cuda_reserve_workspace(Communicator& comm, size_t bytes) {
-  if (auto* d = dynamic_cast<detail::DeviceCommunicator*>(&comm)) d->workspace(bytes);
+  if (auto* d = dynamic_cast<CudaCommBase*>(&comm)) d->reserve_workspace(bytes);
 }
 
 }  // namespace tpnorm
