@@ -36,6 +36,17 @@ namespace {
 
 enum class Kind { kStaged, kNccl };
 
+// A device copy on the current device (the rank's, set by make_comm), its views naming it.
+int current_device() {
+  int d = 0;
+  cudaGetDevice(&d);
+  return d;
+}
+struct DBuf : DevBuf {
+  DBuf() = default;
+  explicit DBuf(const Buffer& host) : DevBuf(host, false, current_device()) {}
+};
+
 struct ChunkEnv {
   explicit ChunkEnv(const char* v) { setenv("TPNORM_CHUNK", v, 1); }
   ~ChunkEnv() { unsetenv("TPNORM_CHUNK"); }
@@ -69,7 +80,7 @@ std::unique_ptr<Communicator> make_comm(Kind kind, cudaStream_t* s, std::string*
 struct RmsCall {
   int64_t rows, hidden, c0, h;
   std::vector<float> full_x, full_gamma;
-  DevBuf x, gamma, y, rstd;
+  DBuf x, gamma, y, rstd;
   RmsCall(int64_t rows_, int64_t hidden_, uint64_t seed, double offset, double scale)
       : rows(rows_), hidden(hidden_) {
     const int P = tpnorm_test::world_size(), me = tpnorm_test::world_rank();
@@ -78,10 +89,10 @@ struct RmsCall {
     h = sp.count[me];
     full_x = tpnorm_test::normal(seed, 0, rows * hidden, offset, scale);
     full_gamma = tpnorm_test::normal(seed, 1, hidden, 1.0, 0.5);
-    x = DevBuf(Buffer(DType::F32, tpnorm_test::columns(full_x, rows, hidden, c0, h)));
-    gamma = DevBuf(Buffer(DType::F32, tpnorm_test::columns(full_gamma, 1, hidden, c0, h)));
-    y = DevBuf(Buffer(DType::F32, std::vector<float>(rows * h, 0.f)));
-    rstd = DevBuf(Buffer(DType::F32, std::vector<float>(rows, 0.f)));
+    x = DBuf(Buffer(DType::F32, tpnorm_test::columns(full_x, rows, hidden, c0, h)));
+    gamma = DBuf(Buffer(DType::F32, tpnorm_test::columns(full_gamma, 1, hidden, c0, h)));
+    y = DBuf(Buffer(DType::F32, std::vector<float>(rows * h, 0.f)));
+    rstd = DBuf(Buffer(DType::F32, std::vector<float>(rows, 0.f)));
   }
   PendingCall start(Communicator& comm) {
     return rms_norm_forward_start(comm, x.view({rows, h}), gamma.view({h}), y.view({rows, h}),
@@ -149,9 +160,9 @@ TEST_P(GpuInFlight, EvalBatchNormBetweenStartAndFinish) {
   const auto gb = tpnorm_test::normal(36, 1, c, 1.0, 0.3), bb = tpnorm_test::normal(36, 2, c);
   std::vector<float> rm(c), rv(c);
   for (int64_t i = 0; i < c; ++i) rm[i] = 0.1f * i, rv[i] = 1.0f + 0.5f * i;
-  DevBuf x(Buffer(DType::F32, xb)), g(Buffer(DType::F32, gb)), b(Buffer(DType::F32, bb));
-  DevBuf dm(Buffer(DType::F32, rm)), dv(Buffer(DType::F32, rv));
-  DevBuf y(Buffer(DType::F32, std::vector<float>(n * c * inner, 0.f)));
+  DBuf x(Buffer(DType::F32, xb)), g(Buffer(DType::F32, gb)), b(Buffer(DType::F32, bb));
+  DBuf dm(Buffer(DType::F32, rm)), dv(Buffer(DType::F32, rv));
+  DBuf y(Buffer(DType::F32, std::vector<float>(n * c * inner, 0.f)));
   const Shape sx{n, c, inner}, sc{c};
   BatchNormOptions opt;
   opt.training = false;
@@ -178,9 +189,9 @@ TEST_P(GpuInFlight, RejectedFusedBackwardLeavesDfAndDxBitIdentical) {
   const auto v = [&](uint64_t st, int64_t n) {
     return Buffer(DType::F32, tpnorm_test::normal(37, st, n));
   };
-  DevBuf dy(v(0, rows * h)), dhx(v(1, rows * h)), hh(v(2, rows * h)), gamma(v(3, h));
-  DevBuf rstd(Buffer(DType::F32, std::vector<float>(rows, 1.0f)));
-  DevBuf dx(v(4, rows * h)), df(v(5, rows * h)), dg(v(6, h));
+  DBuf dy(v(0, rows * h)), dhx(v(1, rows * h)), hh(v(2, rows * h)), gamma(v(3, h));
+  DBuf rstd(Buffer(DType::F32, std::vector<float>(rows, 1.0f)));
+  DBuf dx(v(4, rows * h)), df(v(5, rows * h)), dg(v(6, h));
   const std::vector<float> dx0 = dx.floats(), df0 = df.floats();
   const Shape s{rows, h};
   // Rank 1's dx has one column too few: its own local failure.
@@ -211,8 +222,8 @@ TEST_P(GpuInFlight, BatchNormCounterAdvancesOnlyWhenAccepted) {
   auto run = [&](int64_t n, int64_t inner, bool bad, int64_t* tracked,
                  std::vector<float>* rm_out) {
     const auto xb = tpnorm_test::normal(38, 0, n * c * inner, 2.0, 1.0);
-    DevBuf x(Buffer(DType::F32, xb)), y(Buffer(DType::F32, std::vector<float>(n * c * inner)));
-    DevBuf rm(Buffer(DType::F32, *rm_out)), rv(Buffer(DType::F32, std::vector<float>(c, 1.f)));
+    DBuf x(Buffer(DType::F32, xb)), y(Buffer(DType::F32, std::vector<float>(n * c * inner)));
+    DBuf rm(Buffer(DType::F32, *rm_out)), rv(Buffer(DType::F32, std::vector<float>(c, 1.f)));
     BatchNormOptions opt;
     opt.momentum = std::nan("");  // cumulative: m = 1 / num_batches_tracked
     const Shape sx{n, c, inner}, sc{c};
@@ -245,8 +256,8 @@ TEST_P(GpuInFlight, BatchNormCounterAdvancesOnlyWhenAccepted) {
   // Capture: refused with an error, the counter unchanged.
   const int64_t inner = 10;
   const auto xb = tpnorm_test::normal(39, 0, 2 * c * inner);
-  DevBuf x(Buffer(DType::F32, xb)), y(Buffer(DType::F32, xb));
-  DevBuf rmd(Buffer(DType::F32, rm)), rvd(Buffer(DType::F32, std::vector<float>(c, 1.f)));
+  DBuf x(Buffer(DType::F32, xb)), y(Buffer(DType::F32, xb));
+  DBuf rmd(Buffer(DType::F32, rm)), rvd(Buffer(DType::F32, std::vector<float>(c, 1.f)));
   const Shape sx{2, c, inner}, sc{c};
   TPNORM_CUDA_OK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeRelaxed));
   bool refused = false;
@@ -280,8 +291,8 @@ TEST(GpuCaptureGrowth, SingleCommunicatorThrowsInsteadOfEndingTheProcess) {
     auto gpu = make_cuda_single_communicator(s, local_cuda_device(MPI_COMM_WORLD));
     gpu->set_strict_calls(0);
     const int64_t rows = 20000, h = 64;  // a payload far past the pool's first 64 KiB
-    DevBuf x(Buffer(DType::F32, tpnorm_test::normal(40, 0, rows * h)));
-    DevBuf y(Buffer(DType::F32, std::vector<float>(rows * h))), r(Buffer(DType::F32, rows));
+    DBuf x(Buffer(DType::F32, tpnorm_test::normal(40, 0, rows * h)));
+    DBuf y(Buffer(DType::F32, std::vector<float>(rows * h))), r(Buffer(DType::F32, rows));
     TPNORM_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
     bool threw = false;
     try {
