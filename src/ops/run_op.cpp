@@ -301,7 +301,7 @@ ChunkRows StartedOp::chunk(int64_t k) const {
 
 // After the header's check every rank relies on this rank's statistics: a partial that throws
 // now cannot be reported in the collective any more, so it ends the job (as PackedCall does for
-// a partial that fails after a strict header was sent).
+// a partial that fails after a strict header was sent); at one rank it is thrown.
 void StartedOp::partial_chunk(int64_t k) {
   nvtx::Phase phase(trace_, "partial");
   try {
@@ -310,6 +310,7 @@ void StartedOp::partial_chunk(int64_t k) {
     else
       op_.partial_rows(call_, chunk(k));
   } catch (const std::exception& e) {
+    if (comm_.size() == 1) throw;  // no peer relies on this rank's statistics
     comm_.abort_job("tpnorm: rank " + std::to_string(comm_.rank()) + " of " +
                     std::to_string(comm_.size()) + ": " + op_.name() + " failed in chunk " +
                     std::to_string(k) + " after its call header was checked: " + e.what() +
