@@ -4,12 +4,18 @@
 // With a device communicator every op of tpnorm/norm.h takes views on Device::cuda(i) and runs
 // on the communicator's stream: partial kernel -> ONE collective on the stream -> apply kernel.
 // A call enqueues work and returns; it never synchronises the host, allocates, or calls MPI,
-// except in two documented places, both outside the steady state:
-//   * the first call that needs more workspace than any earlier call grows the communicator's
-//     device workspace (cudaMalloc, no synchronisation); run a call once before capturing it
-//     in a CUDA graph. Growth never frees: the smaller block stays alive (graphs captured
-//     earlier replay into it) until the communicator is destroyed, so all blocks together stay
-//     below twice the largest;
+// except in three documented places, all outside the steady state:
+//   * each call in flight holds its own region of the communicator's device workspace pool
+//     (its header, statistics and scratch) from its start to its finish, so calls started
+//     before others finish (tpnorm/split.h) never share one; a call that finds no free region
+//     large enough allocates one (cudaMalloc, no synchronisation). Regions are reused, never
+//     freed while the communicator lives. A call captured in a CUDA graph keeps its region for
+//     captured calls only (the graph replays into it); a capture never allocates, so run the
+//     captured calls once before capturing them (or cuda_reserve_workspace), else the capture
+//     throws kInvalidArgument;
+//   * a SyncBatchNorm training forward that advances num_batches_tracked checks its call on
+//     the host first (the counter and the cumulative momentum advance only for an accepted
+//     call) and cannot be captured;
 //   * the first Communicator::set_strict_calls() calls (16 by default) check every rank's
 //     arguments and call fingerprint on the HOST (MPI for communicators made from an MPI_Comm,
 //     else a small NCCL all-reduce and a wait on the stream) before any device work, so a
@@ -26,7 +32,9 @@
 // after each collective it enqueues and a host thread checks, every millisecond, that it
 // completes within timeout() and that ncclCommGetAsyncError reports nothing; otherwise it
 // prints the watchdog's message, calls ncclCommAbort and exits the process with status 124
-// (mpirun then ends the job). Collectives replayed from a captured graph are not watched.
+// (mpirun then ends the job). Every host-side wait on a device collective (the strict calls'
+// check, cuda_check_errors) is bounded by the same timeout. Collectives replayed from a
+// captured graph are not watched.
 // A rank that cannot join a collective at all (its workspace could not grow after the strict
 // calls, ncclAllReduce failed) ends the job the same way at once, rather than leaving its
 // peers waiting. A borrowed non-blocking NCCL communicator's ncclInProgress is waited out by
@@ -63,9 +71,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(ncclComm_t comm, cudaStream
 /// clearing the flag. Not for use inside graph capture. No-op for host communicators.
 void cuda_check_errors(Communicator& comm);
 
-/// Grows the communicator's device workspace to at least `bytes` now, so later calls (and
-/// graph captures) never allocate. Optional: calls grow it themselves outside capture.
-/// Throws (kInvalidArgument) while the stream is being captured.
+/// Makes the communicator's device workspace pool hold a free region of at least `bytes` now,
+/// so that a later call (or a call captured into a graph) need not allocate. Each call in
+/// flight holds its own region from start to finish; a call captured into a graph keeps its
+/// region for captured calls only (the graph replays into it). A capture that needs a region no
+/// earlier call left free throws kInvalidArgument: run the captured sequence once first, or
+/// reserve. Optional: eager calls grow the pool themselves. Throws (kInvalidArgument) while the
+/// stream is being captured.
 void cuda_reserve_workspace(Communicator& comm, size_t bytes);
 
 }  // namespace tpnorm

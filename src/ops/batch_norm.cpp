@@ -135,9 +135,15 @@ class BnForwardOp final : public SpecOf<BnForward> {
     call.agree("gamma", f_.gamma.present() ? 1 : 0);
     call.agree("beta", f_.beta.present() ? 1 : 0);
     call.agree("param dtype", static_cast<double>(f_.param));
+    call.agree("num_batches_tracked", f_.num_batches_tracked ? 1 : 0);
   }
   PayloadSize payload() const override {
     return bn_payload(f_.a, f_.batch_stats, f_.opt.stats, true);
+  }
+  // The host counter (and the cumulative momentum from it) advances only when the call is
+  // accepted: on a device the host learns that from a host-side header check.
+  bool needs_host_verdict() const override {
+    return f_.batch_stats && f_.opt.training && f_.tracking && f_.num_batches_tracked;
   }
 
   void partial(PackedCall& call) override {

@@ -126,6 +126,10 @@ class OpSpec {
   virtual bool has_device_exact() const { return false; }
   virtual void partial_device(PackedCall&, DeviceCommunicator&) {}
   virtual void apply_device(PackedCall&, DeviceCommunicator&) {}
+  /// True (from agreed fields only) when the device call changes host state that must advance
+  /// only for an accepted call (SyncBatchNorm's num_batches_tracked): run_op then checks the
+  /// call's header on the host first, as strict calls do, and refuses to capture it.
+  virtual bool needs_host_verdict() const { return false; }
 
   /// Row chunks (ops/chunking.h, run_op.cpp). A spec whose statistics are per row may be run
   /// chunk by chunk: partial_rows writes the payload rows [begin, end) (payload values from

@@ -94,6 +94,7 @@ PackedCall::~PackedCall() {
     comm_.wait(payload_req_);
   } catch (...) {
   }
+  release_workspace();  // stream order: a later user's work runs after this call's
 }
 
 void PackedCall::agree(const char* name, double value) {
@@ -122,8 +123,25 @@ void PackedCall::prepare(size_t payload_values, double local_count, size_t scrat
     return;
   }
   const size_t at = (bytes + 255) / 256 * 256;
-  dev_base_ = dev_->workspace(at + scratch_bytes);
+  release_workspace();  // a second prepare (prepare(0, 0) after a failed one) replaces it
+  dev_base_ = scratch_ = nullptr;
+  dev_base_ = dev_->acquire_workspace(at + scratch_bytes);
+  region_owner_ = dev_;
+  region_ = dev_base_;
   scratch_ = static_cast<char*>(dev_base_) + at;
+}
+
+void PackedCall::prepare_local_scratch(DeviceCommunicator& dev, size_t scratch_bytes) {
+  release_workspace();
+  region_ = dev.acquire_workspace(scratch_bytes);
+  region_owner_ = &dev;
+  scratch_ = region_;
+}
+
+void PackedCall::release_workspace() {
+  if (region_owner_ && region_) region_owner_->release_workspace(region_);
+  region_owner_ = nullptr;
+  region_ = nullptr;
 }
 
 void PackedCall::write_header(void* base, DType as) const {
@@ -289,8 +307,9 @@ void PackedCall::reduce_device() {
 
 // The header kernel (kernels/cuda/call_header.h) writes this rank's header, and a failed
 // rank's zero payload, into the device buffer. Nothing here may keep the rank out of the
-// collective that follows: a launch that fails poisons the header (NaN: every rank's apply
-// kernels reject the call) and becomes this rank's failure, thrown after the collective.
+// collective that follows: a launch that fails poisons the header (DeviceCommunicator::poison:
+// NaN, or kInt64Poison for Stats::kExact; every rank's apply kernels reject the call) and
+// becomes this rank's failure, thrown after the collective.
 void PackedCall::enqueue_device_header(const double* head) {
   try {
 #ifdef TPNORM_WITH_CUDA
@@ -304,7 +323,7 @@ void PackedCall::enqueue_device_header(const double* head) {
 #endif
   } catch (const std::exception& e) {
     fail(e.what(), ErrorCode::kCommunication);
-    dev_->poison(dev_base_, header_values_ * dtype_size(wire_));
+    dev_->poison(dev_base_, header_values_ * dtype_size(wire_), wire_ == DType::I64);
   }
 }
 

@@ -82,6 +82,13 @@ class PackedCall {
   /// On a device communicator the payload is NOT zeroed (the partial kernel writes all of it)
   /// and `scratch_bytes` of device scratch follow it (see scratch()).
   void prepare(size_t payload_values, double local_count, size_t scratch_bytes = 0);
+  /// A call that makes no collective (SyncBatchNorm in eval mode, on a single-process
+  /// PackedCall) but runs device kernels: `scratch_bytes` of `dev`'s workspace as scratch().
+  void prepare_local_scratch(DeviceCommunicator& dev, size_t scratch_bytes);
+  /// Device calls: returns this call's workspace region to its communicator's pool, once the
+  /// call's last kernel is enqueued (its finish; the destructor otherwise). Each call in flight
+  /// holds its own region until then, so calls started before others finish never share one.
+  void release_workspace();
   template <class W>
   W* payload() {
     return reinterpret_cast<W*>(base()) + header_values_;
@@ -176,6 +183,8 @@ class PackedCall {
   DeviceCommunicator* dev_ = nullptr;
   void* dev_base_ = nullptr;
   void* scratch_ = nullptr;
+  DeviceCommunicator* region_owner_ = nullptr;  // the pool this call's region came from
+  void* region_ = nullptr;
   bool header_by_partial_ = false;  // take_device_header: the partial kernel writes the header
 };
 

@@ -30,15 +30,29 @@ void check_naive_count(Stats s, double n, const char* op, const char* per) {
 
 namespace {
 
-// PackedCall::prepare on the device workspace. A workspace that cannot grow is this rank's
-// failure: in a strict call the host pre-check makes every rank throw together; after the
-// strict calls the rank cannot join a collective of the others' length, so it ends the job
-// (DeviceCommunicator::abort_job) instead of stranding them.
+// PackedCall::prepare on the device workspace. A pool that may not grow while the stream is
+// being captured (kInvalidArgument, comm/cuda/workspace.h) is a misuse found before anything
+// of the call is enqueued or captured: it is thrown, on every communicator. Nothing of the
+// call reached a peer: a peer that went on has a call sequence number this rank lacks, so the
+// next call disagrees on every rank. An allocation that fails is this rank's failure: in a
+// strict call the host pre-check makes every rank throw together; after the strict calls the
+// rank cannot join a collective of the others' length, so it ends the job
+// (DeviceCommunicator::abort_job) instead of stranding them; a single-process communicator has
+// no peer to strand and throws.
 void prepare_device(PackedCall& call, Communicator& comm, DeviceCommunicator& dev,
                     const PayloadSize& size) {
   try {
     call.prepare(size.values, size.local_count, call.failed() ? 0 : size.device_scratch);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kInvalidArgument || comm.size() == 1) throw;
+    call.fail(std::string("the device workspace could not grow: ") + e.what(),
+              ErrorCode::kCommunication);
+    if (!comm.strict_now())
+      dev.abort_job("tpnorm: rank " + std::to_string(comm.rank()) + " of " +
+                    std::to_string(comm.size()) + ": cannot join the call's collective: " +
+                    e.what() + "; ending the job (the other ranks would wait forever)");
   } catch (const std::exception& e) {
+    if (comm.size() == 1) throw;
     call.fail(std::string("the device workspace could not grow: ") + e.what(),
               ErrorCode::kCommunication);
     if (!comm.strict_now())
@@ -47,6 +61,12 @@ void prepare_device(PackedCall& call, Communicator& comm, DeviceCommunicator& de
                     e.what() + "; ending the job (the other ranks would wait forever)");
   }
 }
+
+// Returns the call's workspace region to the pool when finish() leaves, by return or throw.
+struct ReleaseOnExit {
+  PackedCall& call;
+  ~ReleaseOnExit() { call.release_workspace(); }
+};
 
 // Device calls get an NVTX range named after the public call (a string literal).
 const char* traced(const Communicator& comm, const OpSpec& op) {
@@ -162,11 +182,28 @@ void StartedOp::start() {
     call_.agree("chunking", chunk_field(req, host_auto && !blocking));
     if (req.mode == chunking::Mode::kOn) call_.force_strict();
   }
+  // A device call whose host state must advance only when it is accepted learns the verdict
+  // on the host (the header's control sum, as strict calls); a graph would replay the host
+  // state frozen at capture, so capturing it is refused before anything is captured.
+  if (on_device_ && op_.collective() && op_.needs_host_verdict()) {
+    if (dev_->capturing())
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("tpnorm: ") + op_.name() +
+                      ": a training call that advances num_batches_tracked cannot be captured "
+                      "in a CUDA graph (replays would not advance the host counter nor the "
+                      "cumulative momentum); pass no num_batches_tracked and a fixed momentum "
+                      "to capture it, or run it outside the graph");
+    call_.force_strict();
+  }
   const PayloadSize size = op_.payload();
-  if (on_device_)
+  if (on_device_ && op_.collective()) {
     prepare_device(call_, comm_, *dev_, size);
-  else
+  } else {
     call_.prepare(size.values, size.local_count);
+    // A device call without a collective (eval SyncBatchNorm) still needs its own scratch.
+    if (on_device_ && !call_.failed() && size.device_scratch > 0)
+      call_.prepare_local_scratch(*dev_, size.device_scratch);
+  }
   // Every field and this rank's verdict are known: the header's sum may start now and run
   // under the partial (strict host calls; nothing otherwise).
   if (op_.collective()) call_.begin_check();
@@ -264,7 +301,7 @@ ChunkRows StartedOp::chunk(int64_t k) const {
 
 // After the header's check every rank relies on this rank's statistics: a partial that throws
 // now cannot be reported in the collective any more, so it ends the job (as PackedCall does for
-// a partial that fails after a strict header was sent).
+// a partial that fails after a strict header was sent); at one rank it is thrown.
 void StartedOp::partial_chunk(int64_t k) {
   nvtx::Phase phase(trace_, "partial");
   try {
@@ -273,6 +310,7 @@ void StartedOp::partial_chunk(int64_t k) {
     else
       op_.partial_rows(call_, chunk(k));
   } catch (const std::exception& e) {
+    if (comm_.size() == 1) throw;  // no peer relies on this rank's statistics
     comm_.abort_job("tpnorm: rank " + std::to_string(comm_.rank()) + " of " +
                     std::to_string(comm_.size()) + ": " + op_.name() + " failed in chunk " +
                     std::to_string(k) + " after its call header was checked: " + e.what() +
@@ -313,19 +351,31 @@ void StartedOp::apply_chunk(int64_t k) {
 void StartedOp::finish() {
   if (finished_) return;
   finished_ = true;  // a finish that throws (a failed call) is finished too: nothing to redo
+  const ReleaseOnExit release{call_};
   if (plan_.chunks > 1) {
     // wait(0) + apply(0), partial(2), sum(2), wait(1) + apply(1), ... (plan_.depth = 1):
     // chunk k+1's sum is in flight while chunk k is applied, chunk k+2's partial runs while
     // chunk k+1's sum is; the apply of chunk k prefetches chunk k+2's inputs (apply_chunk).
+    // An apply that throws (a check of the summed statistics, a kernel that did not launch)
+    // ends the applies, not the sums: the remaining chunks' partials and sums still run, as on
+    // every peer, and the error is thrown once they are started (their waits are the
+    // destructor's).
+    std::exception_ptr failure;
     for (int64_t k = 0; k < plan_.chunks; ++k) {
       const int64_t next = std::min(k + plan_.depth, plan_.chunks - 1);
       for (auto j = static_cast<int64_t>(sums_.size()); j <= next; ++j) {
         if (partials_ <= j) partial_chunk(j);
         start_chunk(j);
       }
-      apply_chunk(k);
+      if (failure) continue;
+      try {
+        apply_chunk(k);
+      } catch (...) {
+        failure = std::current_exception();
+      }
     }
     trace_.end();
+    if (failure) std::rethrow_exception(failure);
     return;
   }
   if (op_.collective()) {

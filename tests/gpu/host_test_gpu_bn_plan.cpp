@@ -1,8 +1,9 @@
 // Host tests (no GPU needed) of SyncBatchNorm's launch plan and walks (kernels/cuda/plan.h):
 // the vector width for C or spatial sizes that are not multiples of 8 and for misaligned
-// pointers, the plan of the issue's shapes worked by hand, and the two walks replayed thread by
-// thread exactly as the kernels run them (BnWalk is the kernels' own code): every vector of
-// every channel visited exactly once, by a block of its own channel, no split empty.
+// pointers, the plan of the GPU benchmark's SyncBatchNorm shapes worked by hand, and the two
+// walks replayed thread by thread exactly as the kernels run them (BnWalk is the kernels' own
+// code): every vector of every channel visited exactly once, by a block of its own channel, no
+// split empty.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -33,8 +34,8 @@ TEST(GpuBnPlan, VectorWidthFollowsTheShapeAndThePointers) {
   EXPECT_EQ(plan_channels(100, 64, 1, 2, {g_mem, nullptr}).vec, 8);  // null: not read
 }
 
-// The issue's SyncBatchNorm shapes, bf16, worked by hand from plan.h.
-TEST(GpuBnPlan, IssueShapesByHand) {
+// The GPU benchmark's SyncBatchNorm shapes (bench/gpu), bf16, worked by hand from plan.h.
+TEST(GpuBnPlan, BenchmarkShapesByHand) {
   // NCHW 32 x 64 x 56 x 56: max splits min(ceil(2048 / 64) = 32, ceil(32 * 3136 * 64 / 8192)
   // = 784, 100352) = 32; vec 8, vpp 392, units 12544, per 392, 32 splits; 256 units a step
   // never leave a plane (dv = 256 < 392): jump 256, wrap 63 x 392.

@@ -130,7 +130,7 @@ TEST(GpuTraffic, SyncBatchNormBackwardChannelsLastBf16) {
   EXPECT_EQ(t.written(), 576);
 }
 
-TEST(GpuTraffic, SyncBatchNormIssueShapeSplits) {
+TEST(GpuTraffic, SyncBatchNormBenchmarkShapeSplits) {
   // 32 x 64 x 56 x 56 bf16 NCHW: 32 splits (plan.h; host_test_gpu_bn_plan works it out), so
   // 32 x 2 x 64 floats of partials = 16384 B; x = 12845056 B; 3 N s + small terms.
   BnTrafficArgs a;

@@ -94,15 +94,27 @@ class CudaCommBase : public detail::DeviceCommunicator {
   int device_index() const override { return device_; }
   int* error_word() override { return static_cast<int*>(err_); }
 
-  void* workspace(size_t bytes) override { return ws_.get(bytes, capturing()); }
+  void* acquire_workspace(size_t bytes) override { return ws_.acquire(bytes, capturing()); }
+  void release_workspace(void* region) override { ws_.release(region); }
+  void reserve_workspace(size_t bytes) {
+    if (capturing())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "tpnorm: cuda_reserve_workspace cannot allocate while the stream is being "
+                  "captured; reserve before capturing");
+    ws_.reserve(bytes);
+  }
 
   // Never throws: it runs between the header's failed launch and the collective.
-  void poison(void* base, size_t bytes) override {
-    if (cudaMemsetAsync(base, 0xff, bytes, stream_) != cudaSuccess) (void)cudaGetLastError();
+  void poison(void* base, size_t bytes, bool int64) override {
+    bool ok = cudaMemsetAsync(base, int64 ? 0 : 0xff, bytes, stream_) == cudaSuccess;
+    if (ok && int64)  // byte kInt64PoisonByte of every 8-byte word: kInt64Poison
+      ok = cudaMemset2DAsync(static_cast<char*>(base) + detail::kInt64PoisonByte, 8, 1, 1,
+                             bytes / 8, stream_) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
   }
 
  protected:
-  bool capturing() const {
+  bool capturing() const override {
     cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream_, &s) != cudaSuccess) return false;
     return s != cudaStreamCaptureStatusNone;
@@ -150,7 +162,10 @@ using detail::mpi_type;
 struct MpiDup {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
-  explicit MpiDup(MPI_Comm parent) { detail::dup_comm(parent, &comm, &rank, &size); }
+  MpiDup() = default;
+  explicit MpiDup(MPI_Comm parent) { connect(parent); }
+  /// Collective over parent (MPI_Comm_dup): every rank's local set-up is agreed before it.
+  void connect(MPI_Comm parent) { detail::dup_comm(parent, &comm, &rank, &size); }
   ~MpiDup() {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -189,8 +204,9 @@ struct MpiDup {
 // share one GPU (NCCL refuses that). Waits (stream and MPI) are polled against timeout().
 class MpiStagedCommunicator final : public CudaCommBase {
  public:
-  MpiStagedCommunicator(MPI_Comm comm, cudaStream_t stream, int device)
-      : CudaCommBase(stream, device), mpi_(comm) {}
+  /// Local steps only (device, error word); connect() then joins the peers.
+  MpiStagedCommunicator(cudaStream_t stream, int device) : CudaCommBase(stream, device) {}
+  void connect(MPI_Comm comm) { mpi_.connect(comm); }
   ~MpiStagedCommunicator() override {
     if (host_) {
       cudaStreamSynchronize(stream_);
@@ -257,6 +273,53 @@ class MpiStagedCommunicator final : public CudaCommBase {
   size_t host_cap_ = 0;
 };
 
+/// The device of `stream`, or -1 for the legacy / per-thread default stream (which runs on
+/// whatever device is current when work is enqueued).
+int stream_device(cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return -1;
+  int d = -1;
+  TPNORM_CHECK(CUDA, cudaStreamGetDevice(stream, &d));
+  return d;
+}
+
+void check_stream_device(cudaStream_t stream, int device) {
+  const int sd = stream_device(stream);
+  if (sd >= 0 && sd != device)
+    throw Error(ErrorCode::kInvalidArgument,
+                "tpnorm: the stream belongs to CUDA device " + std::to_string(sd) +
+                    " but the communicator is on device " + std::to_string(device) +
+                    "; create the stream on the communicator's device (cudaSetDevice first)");
+}
+
+// The factories' agreement order: every step that can fail on one rank (choosing the device,
+// the stream's device, device memory, NCCL's queries, the watchdog thread) runs first, then
+// every rank learns whether any rank failed it; only then comes a step that waits for peers
+// (MPI_Comm_dup, ncclCommInitRank). If one rank failed, all throw the first failing rank's
+// message, so that no rank waits in a later step for it.
+void agree_or_throw(MPI_Comm comm, const std::string& local_error, const char* factory,
+                    const char* step) {
+  int me = 0;
+  TPNORM_CHECK(MPI, MPI_Comm_rank(comm, &me));
+  int first = local_error.empty() ? INT_MAX : me;
+  TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == INT_MAX) return;
+  char msg[512] = {};
+  if (me == first) std::strncpy(msg, local_error.c_str(), sizeof msg - 1);
+  TPNORM_CHECK(MPI, MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, comm));
+  throw Error(ErrorCode::kCommunication, std::string("tpnorm: ") + factory + ": " + step +
+                                             " failed on rank " + std::to_string(first) + ": " +
+                                             msg);
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
 #ifdef TPNORM_WITH_NCCL
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -291,34 +354,17 @@ int nccl_device(ncclComm_t c) {
   return d;
 }
 
-/// The device of `stream`, or -1 for the legacy / per-thread default stream (which runs on
-/// whatever device is current when work is enqueued).
-int stream_device(cudaStream_t stream) {
-  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return -1;
-  int d = -1;
-  TPNORM_CHECK(CUDA, cudaStreamGetDevice(stream, &d));
-  return d;
-}
-
-void check_stream_device(cudaStream_t stream, int device) {
-  const int sd = stream_device(stream);
-  if (sd >= 0 && sd != device)
-    throw Error(ErrorCode::kInvalidArgument,
-                "tpnorm: the stream belongs to CUDA device " + std::to_string(sd) +
-                    " but the NCCL communicator is on device " + std::to_string(device) +
-                    "; create the stream on the communicator's device (cudaSetDevice first)");
-}
-
 // ncclAllReduce on the caller's stream, watched by a Watchdog thread. Owns the ncclComm_t
 // only when tpnorm made it.
 class NcclCommunicator final : public CudaCommBase {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, bool own, MPI_Comm control)
+  /// Local steps only; attach_control() then joins the peers over MPI when the communicator
+  /// was made from an MPI_Comm.
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, bool own)
       : CudaCommBase(stream, nccl_device(comm)), comm_(comm), own_(own) {
     check_stream_device(stream, device_);
     TPNORM_CHECK(NCCL, settle(comm_, ncclCommUserRank(comm_, &rank_), 0));
     TPNORM_CHECK(NCCL, settle(comm_, ncclCommCount(comm_, &size_), 0));
-    if (control != MPI_COMM_NULL) mpi_ = std::make_unique<MpiDup>(control);
     detail::Watchdog::Hooks h;
     h.on_start = [this] {
       cudaSetDevice(device_);
@@ -363,6 +409,17 @@ class NcclCommunicator final : public CudaCommBase {
     }
   }
   ~NcclCommunicator() override {
+    {
+      // Drain the streams while the watchdog still watches them: a collective that a peer
+      // never joins ends the job with the watchdog's message instead of hanging here.
+      int prev = 0;
+      cudaGetDevice(&prev);
+      cudaSetDevice(device_);
+      for (cudaStream_t st : {stream_, side_})
+        if (st) poll_until(0, [&] { return cudaStreamQuery(st) != cudaErrorNotReady; });
+      (void)cudaGetLastError();
+      cudaSetDevice(prev);
+    }
     watchdog_.reset();  // joins its thread before anything it touches goes
     {
       int prev = 0;
@@ -376,7 +433,11 @@ class NcclCommunicator final : public CudaCommBase {
       for (auto& p : started_) cudaEventDestroy(p.second);
       for (cudaEvent_t e : spare_) cudaEventDestroy(e);
       for (cudaEvent_t e : events_) cudaEventDestroy(e);
-      if (ctrl_) cudaFree(ctrl_);
+      old_ctrl_.push_back({ctrl_, ctrl_host_});
+      for (const auto& b : old_ctrl_) {
+        if (b.first) cudaFree(b.first);
+        if (b.second) cudaFreeHost(b.second);
+      }
       cudaSetDevice(prev);
     }
     if (own_) ncclCommDestroy(comm_);
@@ -384,6 +445,8 @@ class NcclCommunicator final : public CudaCommBase {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   [[noreturn]] void abort_job(const std::string& message) override { end_job(message); }
+  /// Collective over `control` (MPI_Comm_dup): the strict pre-check and diagnoses go over it.
+  void attach_control(MPI_Comm control) { mpi_ = std::make_unique<MpiDup>(control); }
 
   // MPI when the communicator came from an MPI_Comm; else NCCL plus a polled wait on the
   // stream (strict calls and diagnoses only, never in the steady state).
@@ -395,25 +458,39 @@ class NcclCommunicator final : public CudaCommBase {
                   "CUDA graph; call Communicator::set_strict_calls(0) or capture later calls");
     detail::DeviceGuard g(device_);
     const size_t bytes = n * sizeof(double);
+    // Every host-side wait here is bounded by the watchdog's timeout. The host side of both
+    // copies is pinned: a copy from or into pageable memory returns only once it is done,
+    // i.e. after the stream's earlier work and the all-reduce, so a peer that never joins
+    // would hang this rank inside cudaMemcpyAsync, before the polled wait below. Buffers that
+    // are outgrown are kept until the destructor: freeing them would synchronise the device.
     if (bytes > ctrl_cap_) {
-      TPNORM_CHECK(CUDA, cudaStreamSynchronize(stream_));
-      if (ctrl_) TPNORM_CHECK(CUDA, cudaFree(ctrl_));
-      ctrl_ = nullptr;
-      ctrl_cap_ = 0;
-      TPNORM_CHECK(CUDA, cudaMalloc(&ctrl_, bytes));
+      void* dev = nullptr;
+      void* host = nullptr;
+      TPNORM_CHECK(CUDA, cudaMalloc(&dev, bytes));
+      if (cudaMallocHost(&host, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(dev);
+        throw Error(ErrorCode::kCommunication,
+                    "tpnorm: no pinned host memory for the control all-reduce");
+      }
+      if (ctrl_) old_ctrl_.push_back({ctrl_, ctrl_host_});
+      ctrl_ = dev;
+      ctrl_host_ = host;
       ctrl_cap_ = bytes;
     }
-    TPNORM_CHECK(CUDA, cudaMemcpyAsync(ctrl_, buf, bytes, cudaMemcpyHostToDevice, stream_));
+    std::memcpy(ctrl_host_, buf, bytes);
+    TPNORM_CHECK(CUDA, cudaMemcpyAsync(ctrl_, ctrl_host_, bytes, cudaMemcpyHostToDevice, stream_));
     after_side_sums();
     collective(ctrl_, n, ncclFloat64);
-    TPNORM_CHECK(CUDA, cudaMemcpyAsync(buf, ctrl_, bytes, cudaMemcpyDeviceToHost, stream_));
+    TPNORM_CHECK(CUDA, cudaMemcpyAsync(ctrl_host_, ctrl_, bytes, cudaMemcpyDeviceToHost, stream_));
     cudaError_t e = cudaSuccess;
     const bool in_time = poll_until(timeout(), [&] {
       e = cudaStreamQuery(stream_);
       return e != cudaErrorNotReady;
     });
-    if (!in_time) end_job(watchdog_message());
+    if (!in_time) end_job(watchdog_message() + " (the host-side check of the call)");
     TPNORM_CHECK(CUDA, e);
+    std::memcpy(buf, ctrl_host_, bytes);
   }
 
  protected:
@@ -540,8 +617,10 @@ class NcclCommunicator final : public CudaCommBase {
   bool own_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<MpiDup> mpi_;
-  void* ctrl_ = nullptr;
+  void* ctrl_ = nullptr;       // device side of the control all-reduce
+  void* ctrl_host_ = nullptr;  // its pinned host side
   size_t ctrl_cap_ = 0;
+  std::vector<std::pair<void*, void*>> old_ctrl_;  // outgrown {device, host} buffers
   std::mutex ev_mu_;
   std::vector<cudaEvent_t> events_;
   std::vector<uint64_t> free_events_;
@@ -553,31 +632,6 @@ class NcclCommunicator final : public CudaCommBase {
   std::unique_ptr<detail::Watchdog> watchdog_;  // last: its thread uses the members above
 };
 
-// Every rank learns whether any rank failed a local step of a collective set-up; if one did,
-// all throw the first failing rank's message (so no rank waits in a later step for it).
-void agree_or_throw(MPI_Comm comm, const std::string& local_error, const char* step) {
-  int me = 0;
-  TPNORM_CHECK(MPI, MPI_Comm_rank(comm, &me));
-  int first = local_error.empty() ? INT_MAX : me;
-  TPNORM_CHECK(MPI, MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT_MAX) return;
-  char msg[512] = {};
-  if (me == first) std::strncpy(msg, local_error.c_str(), sizeof msg - 1);
-  TPNORM_CHECK(MPI, MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, comm));
-  throw Error(ErrorCode::kCommunication, std::string("tpnorm: make_nccl_communicator: ") + step +
-                                             " failed on rank " + std::to_string(first) + ": " +
-                                             msg);
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
 #endif
 
 }  // namespace
@@ -588,7 +642,22 @@ std::unique_ptr<Communicator> make_cuda_single_communicator(cudaStream_t stream,
 
 std::unique_ptr<Communicator> make_mpi_staged_cuda_communicator(MPI_Comm comm, cudaStream_t stream,
                                                                 int device) {
-  return std::make_unique<MpiStagedCommunicator>(comm, stream, device);
+  constexpr const char* kName = "make_mpi_staged_cuda_communicator";
+  // 1. Local: the device, the stream's device, the error word. 2. Agreed. 3. MPI_Comm_dup.
+  std::unique_ptr<MpiStagedCommunicator> made;
+  agree_or_throw(comm, error_of([&] {
+                   int count = 0;
+                   TPNORM_CHECK(CUDA, cudaGetDeviceCount(&count));
+                   if (device < 0 || device >= count)
+                     throw Error(ErrorCode::kInvalidArgument,
+                                 "device " + std::to_string(device) + " is not one of the " +
+                                     std::to_string(count) + " visible CUDA devices");
+                   check_stream_device(stream, device);
+                   made = std::make_unique<MpiStagedCommunicator>(stream, device);
+                 }),
+                 kName, "setting up the device");
+  made->connect(comm);
+  return made;
 }
 
 namespace {
@@ -614,7 +683,7 @@ int local_cuda_device(MPI_Comm comm) {
 
 #ifdef TPNORM_WITH_NCCL
 std::unique_ptr<Communicator> make_nccl_communicator(ncclComm_t comm, cudaStream_t stream) {
-  return std::make_unique<NcclCommunicator>(comm, stream, false, MPI_COMM_NULL);
+  return std::make_unique<NcclCommunicator>(comm, stream, false);
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t stream,
@@ -633,7 +702,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
                    check_stream_device(stream, device);
                    TPNORM_CHECK(CUDA, cudaSetDevice(device));
                  }),
-                 "choosing the device");
+                 "make_nccl_communicator", "choosing the device");
   // 2. Rank 0's unique id; whether it got one travels with it.
   struct {
     int ok;
@@ -644,20 +713,28 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
   if (!msg.ok)
     throw Error(ErrorCode::kCommunication,
                 "tpnorm: make_nccl_communicator: ncclGetUniqueId failed on rank 0");
-  // 3. The NCCL communicator, then agreement that every rank has one.
+  // 3. ncclCommInitRank (it waits for the peers; every rank reached it), agreed.
   ncclComm_t nc = nullptr;
-  std::unique_ptr<Communicator> made;
-  std::string err = error_of([&] {
-    TPNORM_CHECK(NCCL, ncclCommInitRank(&nc, size, msg.id, rank));
-    made = std::make_unique<NcclCommunicator>(nc, stream, true, comm);
-  });
-  if (!err.empty() && nc && !made) ncclCommAbort(nc);
+  std::string err = error_of([&] { TPNORM_CHECK(NCCL, ncclCommInitRank(&nc, size, msg.id, rank)); });
+  if (!err.empty() && nc) ncclCommAbort(nc), nc = nullptr;
   try {
-    agree_or_throw(comm, err, "ncclCommInitRank");
+    agree_or_throw(comm, err, "make_nccl_communicator", "ncclCommInitRank");
   } catch (...) {
-    if (made) made.reset();
+    if (nc) ncclCommAbort(nc);
     throw;
   }
+  // 4. The local set-up of the communicator (device memory, the watchdog thread), agreed.
+  std::unique_ptr<NcclCommunicator> made;
+  err = error_of([&] { made = std::make_unique<NcclCommunicator>(nc, stream, true); });
+  if (!made) ncclCommAbort(nc);  // the constructor threw: nothing owns nc
+  try {
+    agree_or_throw(comm, err, "make_nccl_communicator", "setting up the communicator");
+  } catch (...) {
+    made.reset();
+    throw;
+  }
+  // 5. The MPI control channel (MPI_Comm_dup, every rank reaches it).
+  made->attach_control(comm);
   return made;
 }
 
@@ -675,7 +752,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
           std::to_string(count) +
           " visible); use one rank per GPU, or "
           "make_mpi_staged_cuda_communicator to share a GPU";
-  agree_or_throw(comm, err, "finding this rank's GPU");
+  agree_or_throw(comm, err, "make_nccl_communicator", "finding this rank's GPU");
   return make_nccl_communicator(comm, stream, device);
 }
 #endif
@@ -686,6 +763,19 @@ void cuda_check_errors(Communicator& comm) {
   detail::DeviceGuard g(d->device_index());
   const auto s = static_cast<cudaStream_t>(d->stream());
   int flag = 0;
+  // The stream's calls (their collectives) first, waited for against the watchdog's timeout: a
+  // peer that never joins ends the job with the watchdog's message instead of hanging here.
+  cudaError_t e = cudaSuccess;
+  if (!poll_until(comm.timeout(), [&] {
+        e = cudaStreamQuery(s);
+        return e != cudaErrorNotReady;
+      }))
+    d->abort_job("tpnorm watchdog: rank " + std::to_string(comm.rank()) + " of " +
+                 std::to_string(comm.size()) + ": cuda_check_errors waited more than " +
+                 std::to_string(comm.timeout()) +
+                 " s for the stream's device calls (a peer that never joined a collective?); "
+                 "ending the job");
+  TPNORM_CHECK(CUDA, e);
   // Read and clear in stream order, after every call enqueued before this check.
   TPNORM_CHECK(CUDA,
                cudaMemcpyAsync(&flag, d->error_word(), sizeof flag, cudaMemcpyDeviceToHost, s));
@@ -701,7 +791,7 @@ void cuda_check_errors(Communicator& comm) {
 }
 
 void cuda_reserve_workspace(Communicator& comm, size_t bytes) {
-  if (auto* d = dynamic_cast<detail::DeviceCommunicator*>(&comm)) d->workspace(bytes);
+  if (auto* d = dynamic_cast<CudaCommBase*>(&comm)) d->reserve_workspace(bytes);
 }
 
 }  // namespace tpnorm

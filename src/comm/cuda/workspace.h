@@ -1,18 +1,29 @@
-// workspace.h — a device communicator's workspace (each call's header + payload + kernel
-// scratch) and its growth policy. Host code over an allocator, so that a host unit test
-// (tests/gpu/host_test_gpu_policies.cpp) checks the policy without a GPU.
+// workspace.h — a device communicator's workspace pool: each call in flight owns one region
+// (its header + payload + kernel scratch) from its start to its finish. Host code over an
+// allocator, so that a host unit test (tests/gpu/host_test_gpu_policies.cpp) checks the
+// bookkeeping without a GPU.
 //
-// Policy: a call that needs more than the current block gets a new block of
-// max(bytes, 2 * capacity, 64 KiB); the old block is RETIRED, never freed while the
-// communicator lives. A CUDA graph captured earlier holds the old block's address and keeps
-// replaying into it, and calls enqueued earlier may still be using it on the stream: freeing
-// it would make both read and write freed memory. Retired blocks are freed by the destructor
-// (after the owner has synchronised its stream). Cost: with doubling, all blocks together stay
-// below twice the largest. Growth never synchronises the stream.
+// Why a pool: calls on one communicator are stream-ordered, but split-phase calls
+// (tpnorm/split.h) interleave on the stream — q's partial and sum, k's partial and sum, then
+// q's apply. If both used one block, q's apply would read k's header and statistics. So
+// acquire() hands a region that no other call in flight holds, and release() (at the call's
+// finish) makes it free again. A free region may be handed out at once: the next user's work is
+// enqueued after the previous user's on the same stream.
 //
-// Growth is refused while the stream is being captured (cudaMalloc cannot be captured): run a
-// call once before capturing it, or tpnorm::cuda_reserve_workspace. A failed allocation throws
-// and leaves the current block (and capacity) as they were.
+// Two kinds of region. An EAGER region serves calls enqueued for execution. A CAPTURED region
+// serves calls made while the stream is being captured into a CUDA graph: the graph keeps its
+// address and replays into it later, at any moment between eager calls, so a captured region is
+// never handed to an eager call again; it serves later captured calls only (a graph's calls
+// replay in the order they were captured, like the communicator's calls). Growth during capture
+// is refused (cudaMalloc cannot be captured): a captured call takes a free captured region, or
+// else a free eager region (which then becomes captured for good). Running a call once before
+// capturing it leaves such a free region; so does tpnorm::cuda_reserve_workspace.
+//
+// Growth: when no free region of the kind is large enough, a new region of
+// max(bytes, 2 * the largest free one of the kind, 64 KiB) is allocated; the free regions it
+// supersedes (smaller) are RETIRED, never freed while the communicator lives (earlier work on
+// the stream, or a graph, may still use them). All blocks are freed by the destructor (after
+// the owner has synchronised its stream). A failed allocation throws and changes nothing.
 #pragma once
 
 #include <algorithm>
@@ -30,61 +41,119 @@ class Workspace {
   using Alloc = std::function<void*(size_t bytes)>;  ///< throws on failure
   using Free = std::function<void(void* block)>;
 
+  /// The message of the error acquire() throws when capture forbids growth.
+  static constexpr const char* kCaptureGrowth =
+      "while the stream is being captured; run the call once before capturing it, or call "
+      "tpnorm::cuda_reserve_workspace";
+
   Workspace(Alloc alloc, Free free) : alloc_(std::move(alloc)), free_(std::move(free)) {}
   ~Workspace() { release_all(); }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
-  /// At least `bytes` of the current block (see the policy above).
-  void* get(size_t bytes, bool capturing) {
-    if (current_ && bytes <= cap_) return current_;
-    if (capturing)
+  /// A region of at least `bytes` that no call in flight holds, until release(). Throws
+  /// tpnorm::Error (kInvalidArgument) when `capturing` and no free region fits, or the
+  /// allocator's error when allocation fails; nothing changes then.
+  void* acquire(size_t bytes, bool capturing) {
+    const Kind kind = capturing ? Kind::kCaptured : Kind::kEager;
+    if (Block* b = best_free(kind, bytes)) return take(*b);
+    if (capturing) {
+      if (Block* b = best_free(Kind::kEager, bytes)) {
+        b->kind = Kind::kCaptured;
+        return take(*b);
+      }
       throw Error(ErrorCode::kInvalidArgument,
                   "tpnorm: the device workspace must grow to " + std::to_string(bytes) +
-                      " bytes while the stream is being captured; run the call once before "
-                      "capturing it, or call tpnorm::cuda_reserve_workspace");
-    const size_t n = std::max<size_t>({bytes, 2 * cap_, kMinBytes});
+                      " bytes " + kCaptureGrowth);
+    }
+    size_t largest = 0;
+    for (const Block& b : blocks_)
+      if (b.kind == kind && !b.busy && !b.retired) largest = std::max(largest, b.cap);
+    const size_t n = std::max<size_t>({bytes, 2 * largest, kMinBytes});
     void* fresh = alloc_(n);  // throws: nothing changed
-    if (current_) retired_.push_back(current_);
-    current_ = fresh;
-    cap_ = n;
-    return current_;
+    for (Block& b : blocks_)
+      if (b.kind == kind && !b.busy && !b.retired && b.cap < n) b.retired = true;
+    blocks_.push_back({fresh, n, kind, false, false});
+    return take(blocks_.back());
   }
 
-  size_t capacity() const { return cap_; }
-  /// Blocks alive: the current one and the retired ones.
-  size_t blocks() const { return retired_.size() + (current_ ? 1 : 0); }
-  /// True when [p, p + bytes) lies in the current block: a collective on workspace memory
-  /// longer than that could not be joined (see NcclCommunicator::do_all_reduce_sum).
+  /// Returns the region acquire() gave (a call's finish); other pointers are ignored.
+  void release(void* region) {
+    for (Block& b : blocks_)
+      if (b.base == region) b.busy = false;
+  }
+
+  /// Makes a free eager region of at least `bytes` exist (tpnorm::cuda_reserve_workspace).
+  void reserve(size_t bytes) {
+    if (best_free(Kind::kEager, bytes)) return;
+    release(acquire(bytes, false));
+  }
+
+  /// Blocks alive, busy and free, retired included.
+  size_t blocks() const { return blocks_.size(); }
+  /// Regions held by calls in flight.
+  size_t busy() const {
+    return static_cast<size_t>(
+        std::count_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.busy; }));
+  }
+  /// The capacity of the block that holds p (0: none does).
+  size_t capacity_at(const void* p) const {
+    const Block* b = holder(p);
+    return b ? b->cap : 0;
+  }
+  /// True when [p, p + bytes) lies in one block: a collective on workspace memory longer than
+  /// that could not be joined (see NcclCommunicator::do_all_reduce_sum).
   bool fits(const void* p, size_t bytes) const {
-    const char* b = static_cast<const char*>(current_);
+    const Block* b = holder(p);
+    if (!b) return false;
     const char* q = static_cast<const char*>(p);
-    return current_ && q >= b && q <= b + cap_ && bytes <= static_cast<size_t>(b + cap_ - q);
+    return bytes <= static_cast<size_t>(static_cast<const char*>(b->base) + b->cap - q);
   }
-  /// True when p points into the current block.
-  bool owns(const void* p) const {
-    const char* b = static_cast<const char*>(current_);
-    const char* q = static_cast<const char*>(p);
-    return current_ && q >= b && q < b + cap_;
-  }
+  /// True when p points into a block of the pool.
+  bool owns(const void* p) const { return holder(p) != nullptr; }
 
   /// Frees every block (the owner synchronised its stream first).
   void release_all() {
-    for (void* b : retired_) free_(b);
-    retired_.clear();
-    if (current_) free_(current_);
-    current_ = nullptr;
-    cap_ = 0;
+    for (Block& b : blocks_) free_(b.base);
+    blocks_.clear();
   }
 
   static constexpr size_t kMinBytes = size_t{1} << 16;
 
  private:
+  enum class Kind { kEager, kCaptured };
+  struct Block {
+    void* base;
+    size_t cap;
+    Kind kind;
+    bool busy;
+    bool retired;  // superseded by a larger block: never handed out again
+  };
+
+  // The smallest free block of the kind that holds `bytes`.
+  Block* best_free(Kind kind, size_t bytes) {
+    Block* best = nullptr;
+    for (Block& b : blocks_)
+      if (b.kind == kind && !b.busy && !b.retired && b.cap >= bytes && (!best || b.cap < best->cap))
+        best = &b;
+    return best;
+  }
+  static void* take(Block& b) {
+    b.busy = true;
+    return b.base;
+  }
+  const Block* holder(const void* p) const {
+    const char* q = static_cast<const char*>(p);
+    for (const Block& b : blocks_) {
+      const char* s = static_cast<const char*>(b.base);
+      if (q >= s && q < s + b.cap) return &b;
+    }
+    return nullptr;
+  }
+
   Alloc alloc_;
   Free free_;
-  void* current_ = nullptr;
-  size_t cap_ = 0;
-  std::vector<void*> retired_;
+  std::vector<Block> blocks_;
 };
 
 }  // namespace tpnorm::detail

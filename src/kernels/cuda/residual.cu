@@ -4,6 +4,7 @@
 
 #include "common/half.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/exact_device.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/residual.h"
 
@@ -18,9 +19,22 @@ __global__ void __launch_bounds__(256)
     h[i] = from_f<T>(__fadd_rn(__fmul_rn(alpha, to_f(x[i])), to_f(f[i])));
 }
 
+// Like every apply kernel, the epilogue honours the call's summed header: a rejected call
+// leaves df (still the caller's, the norm's apply did not write it) and dx untouched. The
+// error word is the norm's apply kernel's to set.
+__device__ __forceinline__ bool accepted(const Header& hd) {
+  if (hd.i64) {
+    int64_t n = 0;
+    return exact_header_ok(hd, &n);
+  }
+  double n = 0;
+  return header_ok(hd, &n);
+}
+
 template <class T>
 __global__ void __launch_bounds__(256)
-    epilogue_kernel(int64_t n, const T* dh_extra, float alpha, T* df, T* dx) {
+    epilogue_kernel(Header hd, int64_t n, const T* dh_extra, float alpha, T* df, T* dx) {
+  if (!accepted(hd)) return;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float dh = dh_extra ? __fadd_rn(to_f(df[i]), to_f(dh_extra[i])) : to_f(df[i]);
@@ -45,18 +59,19 @@ void residual_add(int64_t n, const T* x, const T* f, float alpha, T* h, void* st
 }
 
 template <class T>
-void residual_backward_epilogue(int64_t n, const T* dh_extra, float alpha, T* df, T* dx,
-                                void* stream) {
+void residual_backward_epilogue(const Header& hd, int64_t n, const T* dh_extra, float alpha,
+                                T* df, T* dx, void* stream) {
   using D = typename Dev<T>::type;
   if (n <= 0) return;
   launch("residual epilogue", epilogue_kernel<D>, grid_for(n), dim3(256),
-         static_cast<cudaStream_t>(stream), n, reinterpret_cast<const D*>(dh_extra), alpha,
+         static_cast<cudaStream_t>(stream), hd, n, reinterpret_cast<const D*>(dh_extra), alpha,
          reinterpret_cast<D*>(df), reinterpret_cast<D*>(dx));
 }
 
 #define TPNORM_CUDA_RESIDUAL_INSTANTIATE(T)                                     \
   template void residual_add<T>(int64_t, const T*, const T*, float, T*, void*); \
-  template void residual_backward_epilogue<T>(int64_t, const T*, float, T*, T*, void*);
+  template void residual_backward_epilogue<T>(const Header&, int64_t, const T*, float, T*, T*, \
+                                              void*);
 TPNORM_CUDA_RESIDUAL_INSTANTIATE(float)
 TPNORM_CUDA_RESIDUAL_INSTANTIATE(f16)
 TPNORM_CUDA_RESIDUAL_INSTANTIATE(bf16)

@@ -9,15 +9,18 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/call_header.h"
+
 namespace tpnorm::kernels::cuda {
 
 /// h[i] = alpha * x[i] + f[i], i < n, on `stream` (a cudaStream_t).
 template <class T>
 void residual_add(int64_t n, const T* x, const T* f, float alpha, T* h, void* stream);
 
-/// dh = df[i] + (dh_extra ? dh_extra[i] : 0); df[i] = dh; dx[i] = alpha * dh.
+/// dh = df[i] + (dh_extra ? dh_extra[i] : 0); df[i] = dh; dx[i] = alpha * dh — only when the
+/// call's summed header `hd` accepts the call (else nothing is written, as in every apply).
 template <class T>
-void residual_backward_epilogue(int64_t n, const T* dh_extra, float alpha, T* df, T* dx,
-                                void* stream);
+void residual_backward_epilogue(const Header& hd, int64_t n, const T* dh_extra, float alpha,
+                                T* df, T* dx, void* stream);
 
 }  // namespace tpnorm::kernels::cuda

@@ -66,20 +66,26 @@ __global__ void __launch_bounds__(kRowThreads)
     const T* xr = x + r * g.h;
     // Around the robust pivot of the row, so 1e4 + N(0,1) keeps its variance (as on CPU).
     const float pivot = pivoted ? detail::robust_pivot(xr, g.h) : 0.0f;
-    float v[2] = {0.0f, 0.0f};
+    // Each chunk's few values in float, flushed into double per chunk (as the CPU flushes per
+    // block): a thread's share of a wide row is thousands of values, which one float sum would
+    // round too coarsely for the statistics' 1e-6 (tests/gpu/host_test_gpu_accumulation.cpp).
+    double v[2] = {0.0, 0.0};
     for (int c0 = rw.lane; c0 < g.packs; c0 += g.tpr * NP) {
       Pack<T, V> xp[NP];
       load_slice(xp, xr, c0, g);
+      float cv[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int k = 0; k < NP; ++k) {
         if (!has_pack(c0, k, g)) continue;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           const float d = to_f(xp[k].v[e]) - pivot;
-          v[0] += d;
-          v[1] += d * d;
+          cv[0] += d;
+          cv[1] += d * d;
         }
       }
+      v[0] += cv[0];
+      v[1] += cv[1];
     }
     group_sum<2>(v, g.tpr);
     if (rw.lane != 0) continue;

@@ -1,13 +1,17 @@
 // batch_norm_cuda.cpp — see batch_norm_cuda.h. Differences from the CPU path, all because the
 // host never reads device memory here: a training forward whose global count per channel is
 // <= 1 is detected on device (outputs, saved and running statistics untouched, the
-// communicator's error word set; tpnorm::cuda_check_errors reports it) instead of throwing;
-// num_batches_tracked (a host counter) is incremented when the call is enqueued.
+// communicator's error word set; tpnorm::cuda_check_errors reports it) instead of throwing,
+// unless the call checked its header on the host. A call that advances num_batches_tracked (a
+// host counter) always does (OpSpec::needs_host_verdict, run_op): the host knows the call is
+// accepted and the global count before the apply, throws as on CPU when it is not, and only
+// then advances the counter and computes the cumulative momentum 1 / counter.
 #include "ops/cuda/batch_norm_cuda.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "common/dispatch.h"
 #include "kernels/cuda/batch_norm.h"
@@ -30,11 +34,6 @@ kcu::BnArgs bn_args(const kernels::cpu::BatchNormArgs& a, void* stream) {
   return b;
 }
 
-// The scratch of a collective call follows its payload; a local call uses the workspace.
-void* scratch(PackedCall& call, DeviceCommunicator& dev, const kernels::cpu::BatchNormArgs& a,
-              bool collective) {
-  return collective ? call.scratch() : dev.workspace(bn_scratch_cuda(a));
-}
 
 }  // namespace
 
@@ -60,11 +59,18 @@ void bn_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const Bn
 void bn_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnForward& f) {
   DeviceGuard guard(dev.device_index());
   const kcu::BnArgs b = bn_args(f.a, dev.stream());
-  void* s = scratch(call, dev, f.a, f.batch_stats);
+  void* s = call.scratch();
   kcu::BnForwardStats st;
   st.hd = f.batch_stats ? device_header(call, dev) : kcu::Header{};  // eval: nothing to check
   st.eps = f.opt.eps;
   st.update_running = f.opt.training && f.tracking;
+  // The host verdict (strict: the summed header was checked on the host): the same count on
+  // every rank, so every rank throws here together, before anything is enqueued.
+  if (f.batch_stats && call.strict() && call.global_count() <= 1)
+    throw Error(ErrorCode::kInvalidArgument,
+                "tpnorm: sync_batch_norm_forward: expected more than 1 value per channel over "
+                "all ranks, got " +
+                    std::to_string(static_cast<int64_t>(call.global_count())));
   const int64_t tracked = f.num_batches_tracked ? *f.num_batches_tracked + 1 : 0;
   st.momentum = f.cumulative ? 1.0 / static_cast<double>(tracked) : f.opt.momentum;
   st.running_mean = f.running_mean.data;
@@ -85,6 +91,7 @@ void bn_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnFo
     kcu::bn_apply_forward<T>(b, st.hd, static_cast<const T*>(f.x.data), static_cast<T*>(f.y.data),
                              s, dev.error_word());
   });
+  // Accepted on the host (needs_host_verdict): this call counts.
   if (st.update_running && f.num_batches_tracked) *f.num_batches_tracked = tracked;
 }
 
@@ -96,7 +103,7 @@ void bn_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const B
   // gamma * invstd * dy reads dy alone).
   if (!training && !b.dgamma.present() && !b.dbeta.present()) return;
   void* pay = training ? call.payload_data() : nullptr;  // eval: zero global sums
-  void* s = scratch(call, dev, b.a, training);
+  void* s = call.scratch();
   dispatch_storage(b.x.dtype, [&](auto t) {
     using T = decltype(t);
     if (b.opt.stats == Stats::kExact)
@@ -115,7 +122,7 @@ void bn_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnB
   const bool training = b.opt.training;
   // eval: zero global sums, dx = gamma * invstd * dy
   const kcu::Header hd = training ? device_header(call, dev) : kcu::Header{};
-  void* s = scratch(call, dev, b.a, training);
+  void* s = call.scratch();
   dispatch_storage(b.x.dtype, [&](auto t) {
     using T = decltype(t);
     if (b.opt.stats == Stats::kExact)

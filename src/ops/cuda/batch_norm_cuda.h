@@ -16,8 +16,8 @@ namespace tpnorm::detail {
 size_t bn_scratch_cuda(const kernels::cpu::BatchNormArgs& a);
 
 /// `call` is on the communicator when the call is collective (f.batch_stats, b.opt.training),
-/// else a local host call that only holds this rank's validation; the scratch is then the
-/// communicator's workspace instead of call.scratch().
+/// else a local host call that only holds this rank's validation and, as scratch(), its own
+/// region of the communicator's workspace (PackedCall::prepare_local_scratch).
 void bn_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const BnForward& f);
 void bn_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnForward& f);
 void bn_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const BnBackward& b);

@@ -4,6 +4,7 @@
 #include "common/cuda_check.h"
 #include "common/dispatch.h"
 #include "kernels/cuda/residual.h"
+#include "ops/cuda/device_call.h"
 
 namespace tpnorm::detail {
 
@@ -18,13 +19,13 @@ void residual_add_cuda(DeviceCommunicator& dev, const TensorView& x, const Tenso
   });
 }
 
-void residual_epilogue_cuda(DeviceCommunicator& dev, const TensorView& dh_extra, double alpha,
-                            const TensorView& df, const TensorView& dx) {
+void residual_epilogue_cuda(PackedCall& call, DeviceCommunicator& dev, const TensorView& dh_extra,
+                            double alpha, const TensorView& df, const TensorView& dx) {
   DeviceGuard guard(dev.device_index());
   dispatch_storage(df.dtype, [&](auto t) {
     using T = decltype(t);
     kernels::cuda::residual_backward_epilogue<T>(
-        df.shape.numel(), static_cast<const T*>(dh_extra.data), static_cast<float>(alpha),
+        device_header(call, dev), df.shape.numel(), static_cast<const T*>(dh_extra.data), static_cast<float>(alpha),
         static_cast<T*>(df.data), static_cast<T*>(dx.data), dev.stream());
   });
 }

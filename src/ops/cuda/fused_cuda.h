@@ -5,6 +5,7 @@
 #pragma once
 
 #include "comm/device_comm.h"
+#include "ops/packed_call.h"
 #include "tpnorm/tensor.h"
 
 namespace tpnorm::detail {
@@ -13,8 +14,9 @@ namespace tpnorm::detail {
 void residual_add_cuda(DeviceCommunicator& dev, const TensorView& x, const TensorView& f,
                        double alpha, const TensorView& h);
 
-/// df = df + dh_extra (absent: + 0); dx = alpha*df, over all elements of df.
-void residual_epilogue_cuda(DeviceCommunicator& dev, const TensorView& dh_extra, double alpha,
-                            const TensorView& df, const TensorView& dx);
+/// df = df + dh_extra (absent: + 0); dx = alpha*df, over all elements of df, when the call's
+/// summed header accepts it (a rejected call leaves df and dx untouched).
+void residual_epilogue_cuda(PackedCall& call, DeviceCommunicator& dev, const TensorView& dh_extra,
+                            double alpha, const TensorView& df, const TensorView& dx);
 
 }  // namespace tpnorm::detail

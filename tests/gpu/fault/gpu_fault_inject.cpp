@@ -9,6 +9,10 @@
 //   stall-stream  (1 rank, NCCL): a host function that sleeps blocks the stream before call
 //                 20's collective; the NCCL watchdog thread must see the event overdue,
 //                 ncclCommAbort and exit 124 with its message.
+//   stall-borrowed (1 rank, NCCL communicator borrowed from the caller, no MPI control
+//                 channel): the stream is blocked before strict call 5, whose host-side check
+//                 waits for the control all-reduce; that wait must be bounded by the watchdog
+//                 (exit 124, its message), not by the stream.
 // Prints "tpnorm-gpu: no CUDA device" (the tests' skip marker) and exits 0 without a GPU.
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -50,9 +54,20 @@ int main(int argc, char** argv) {
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   std::unique_ptr<Communicator> comm;
-  if (mode == "stall-stream") {
 #ifdef TPNORM_WITH_NCCL
-    comm = make_nccl_communicator(MPI_COMM_WORLD, s);
+  ncclComm_t borrowed = nullptr;
+#endif
+  const bool borrowed_mode = mode == "stall-borrowed";
+  if (mode == "stall-stream" || borrowed_mode) {
+#ifdef TPNORM_WITH_NCCL
+    if (borrowed_mode) {
+      ncclUniqueId id;
+      ncclGetUniqueId(&id);
+      ncclCommInitRank(&borrowed, 1, id, 0);
+      comm = make_nccl_communicator(borrowed, s);
+    } else {
+      comm = make_nccl_communicator(MPI_COMM_WORLD, s);
+    }
 #else
     if (me == 0) std::printf("PASS-SKIP: built without NCCL\n");
     MPI_Finalize();
@@ -75,6 +90,11 @@ int main(int argc, char** argv) {
   int errors = 0, error_call = -1;
   for (int call = 1; call <= kCalls; ++call) {
     NormOptions opt;
+    if (borrowed_mode && call == 5) {
+      std::printf("gpu_fault_inject: stream blocked before strict call %d\n", call);
+      std::fflush(stdout);
+      cudaLaunchHostFunc(s, sleep_on_stream, nullptr);
+    }
     if (call == kInjectAt) {
       if (mode == "bad-arg" && me == 1) opt.eps = -1;
       if (mode == "stall-rank" && me == 1) {
@@ -91,18 +111,22 @@ int main(int argc, char** argv) {
     try {
       layer_norm_forward(*comm, {x, DType::F32, sh, d}, {}, {}, {y, DType::F32, sh, d},
                          {mean, DType::F32, r, d}, {rstd, DType::F32, r, d}, opt);
-      if (mode != "stall-stream") cuda_check_errors(*comm);
+      if (mode != "stall-stream" && !borrowed_mode) cuda_check_errors(*comm);
     } catch (const Error& e) {
       ++errors;
       error_call = call;
       std::printf("gpu_fault_inject: rank %d: call %d: error: %s\n", me, call, e.what());
     }
   }
-  if (mode == "stall-stream") cudaStreamSynchronize(s);  // the watchdog must end us before
+  if (mode == "stall-stream" || borrowed_mode)
+    cudaStreamSynchronize(s);  // the watchdog must end us before
   const bool ok = mode == "bad-arg" && errors == 1 && error_call == kInjectAt;
   std::printf("gpu_fault_inject: rank %d finished: %d error(s)%s\n", me, errors,
               ok ? ", as expected" : "");
   comm.reset();
+#ifdef TPNORM_WITH_NCCL
+  if (borrowed) ncclCommDestroy(borrowed);
+#endif
   MPI_Finalize();
   return ok ? 0 : 1;
 }

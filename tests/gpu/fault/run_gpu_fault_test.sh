@@ -5,13 +5,14 @@
 #   bad-arg       2 ranks: the job exits 0 and BOTH ranks report an error at call 20;
 #   stall-rank    2 ranks: the job ends non-zero within the limit and rank 0 printed
 #                 "tpnorm watchdog: rank 0 of 2";
-#   stall-stream  1 rank: exit 124 and "tpnorm watchdog: rank 0 of 1" (NCCL watchdog thread).
+#   stall-stream  1 rank: exit 124 and "tpnorm watchdog: rank 0 of 1" (NCCL watchdog thread);
+#   stall-borrowed 1 rank, borrowed NCCL communicator: the same, from the host-side check.
 # Prints PASS: / FAIL: (ctest matches them), or the GPU tests' skip marker.
 set -uo pipefail
 MPIEXEC="$1"; PROG="$2"; MODE="$3"
-LIMIT=90
+LIMIT="${TPNORM_FAULT_LIMIT:-90}"  # gpu-check gives each mode its share of its budget
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
-np=2; [ "$MODE" = stall-stream ] && np=1
+np=2; case "$MODE" in stall-stream|stall-borrowed) np=1 ;; esac
 export TPNORM_TIMEOUT=10 OMPI_MCA_orte_base_help_aggregate=0
 timeout -s KILL "$LIMIT" "$MPIEXEC" --oversubscribe -n "$np" "$PROG" "$MODE" > "$out" 2>&1
 rc=$?
@@ -28,7 +29,7 @@ case "$MODE" in
   stall-rank)
     [ "$rc" -ne 0 ] || fail "the job exited 0"
     grep -q "tpnorm watchdog: rank 0 of 2" "$out" || fail "no watchdog message from rank 0" ;;
-  stall-stream)
+  stall-stream|stall-borrowed)
     [ "$rc" -eq 124 ] || fail "expected exit 124 from the NCCL watchdog"
     grep -q "tpnorm watchdog: rank 0 of 1" "$out" || fail "no watchdog message" ;;
   *) fail "unknown mode" ;;
