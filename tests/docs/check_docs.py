@@ -5,7 +5,8 @@
     check_docs.py ROOT --extract DIR   write the README's quick-start blocks into DIR
 
 Checks:
-  paths     every path written in backticks, and every relative link, in README.md and
+  paths     every path written in backticks (a span with a `/` under a top-level folder of
+            the tree or ending in a file extension), and every relative link, in README.md and
             docs/*.md exists in the repository (a header as `tpnorm/x.h` under include/), or is
             a build output (a path that git ignores, such as `build/...`), or is absolute
   cited     every docs/*.md or *.md page that a tracked file names exists
@@ -66,7 +67,9 @@ def looks_like_path(span):
     head = span.split("/")[0]
     if "/" in span and (head in TOP_DIRS or head == "tpnorm" or head.startswith("build")):
         return True
-    return re.search(r"\.(" + "|".join(EXTENSIONS) + r")$", span) is not None
+    # A bare file name (`nccl.h`, `summary.txt`) may name a system or output file: only a
+    # span with a directory is taken for a path of the tree.
+    return "/" in span and re.search(r"\.(" + "|".join(EXTENSIONS) + r")$", span) is not None
 
 
 def path_exists(root, doc, span):
