@@ -55,12 +55,12 @@ def main():
 
     def functional():
         with torch.no_grad():
-            tpnorm.layer_norm(x, w, b, comm=comm)
+            tpnorm.layer_norm(x, a.hidden, w, b, process_group=comm)
 
     xg, wg, bg = x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()
 
     def autograd():
-        tpnorm.layer_norm(xg, wg, bg, comm=comm).backward(dy)
+        tpnorm.layer_norm(xg, a.hidden, wg, bg, process_group=comm).backward(dy)
 
     def torch_fb():
         TF.layer_norm(xg, (a.hidden,), wg, bg).backward(dy)
