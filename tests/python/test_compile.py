@@ -40,7 +40,9 @@ def _forward_samples(h):
     C_l = gx.shape[1]
     gw, gbias = full(9, C_l, shift=1.0).requires_grad_(), full(10, C_l).requires_grad_()
     rm, rv = torch.zeros(C), torch.ones(C)
-    groups_x = full(11, 2, 6, 5).requires_grad_()  # channels not sharded: offset 0
+    groups_x = cols(full(11, 2, 6, 5), WORLD.rank, WORLD.size, dim=1).requires_grad_()
+    G_l = groups_x.shape[1]
+    g_off = tpnorm.shard_range(6, WORLD.rank, WORLD.size)[0]
     return {
         "layer_norm": (lib.row_norm, (x, w, b, h, 1e-5, "robust", True, H)),
         "layer_norm_no_affine": (lib.row_norm, (x, None, None, h, 1e-5, "naive", True, H)),
@@ -49,8 +51,8 @@ def _forward_samples(h):
                                                       H)),
         "fused_add_rms_norm": (lib.fused_add_norm, (x, f, w, None, 1.0, h, 1e-5, "robust",
                                                     False, H)),
-        "group_norm": (lib.group_norm, (groups_x, full(12, 6).requires_grad_(),
-                                        full(13, 6).requires_grad_(), 3, 6, 0, h, 1e-5,
+        "group_norm": (lib.group_norm, (groups_x, full(12, G_l).requires_grad_(),
+                                        full(13, G_l).requires_grad_(), 3, 6, g_off, h, 1e-5,
                                         "robust", False)),
         "instance_norm_sharded": (lib.group_norm, (gx, gw, gbias, H, H,
                                                    tpnorm.shard_range(H, WORLD.rank,
@@ -110,7 +112,7 @@ def _backward_samples(h):
                                       (torch.randn_like(gx), gx, gargs[1].detach(),
                                        gargs[2].detach(), gm, gr) + tuple(gargs[3:]))
         bargs = s["sync_batch_norm_train"][1]
-        _, sm, si = lib.sync_batch_norm(*bargs)
+        _, sm, si, _, _ = lib.sync_batch_norm(*bargs)
         img = bargs[0].detach()
         out["sync_batch_norm_backward"] = (lib.sync_batch_norm_backward,
                                            (torch.randn_like(img), img, bargs[1].detach(),

@@ -31,9 +31,18 @@ def norm_options(eps=1e-5, stats="robust", hidden_size=0, check_agreement=True, 
     return opt
 
 
+# A DLPack capsule straight from torch's C++ export: Tensor.__dlpack__ refuses a tensor that
+# requires grad (so it would need a detach() first) and adds Python-level checks; together
+# those cost about as much as the C++ call itself on a small tensor. The capsule views the same
+# memory and records nothing for autograd. Without the private entry point: detach().
+_to_dlpack = getattr(torch._C, "_to_dlpack", None)
+
+
 def _d(t):
-    """The tensor DLPack may export: detached (torch refuses to export one requiring grad)."""
-    return None if t is None else t.detach()
+    """The tensor as the binding takes it (None stays None)."""
+    if t is None:
+        return None
+    return _to_dlpack(t) if _to_dlpack is not None else t.detach()
 
 
 def _empty(shape, like, dtype=None):
@@ -68,9 +77,10 @@ def _row_norm_forward(comm, x, weight, bias, opt, centered):
     rstd = _empty((rows,), x, torch.float32)
     mean = _empty((rows,), x, torch.float32) if centered else None
     if centered:
-        _C.layer_norm_forward(comm, _d(x), _d(weight), _d(bias), y, mean, rstd, opt)
+        _C.layer_norm_forward(comm, _d(x), _d(weight), _d(bias), _d(y), _d(mean), _d(rstd),
+                              opt)
     else:
-        _C.rms_norm_forward(comm, _d(x), _d(weight), y, rstd, opt)
+        _C.rms_norm_forward(comm, _d(x), _d(weight), _d(y), _d(rstd), opt)
     return y, mean, rstd
 
 
@@ -78,10 +88,11 @@ def _row_norm_backward(comm, dy, x, weight, mean, rstd, opt, centered, has_bias,
     """(dx, dweight, dbias) of _row_norm_forward (None for an absent parameter)."""
     dx, dw, db = _grads(x, weight, x.shape[-1], has_bias, bias_dtype)
     if centered:
-        _C.layer_norm_backward(comm, _grad(dy, x), _d(x), _d(weight), mean, rstd, dx, dw, db,
-                               opt)
+        _C.layer_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(mean), _d(rstd),
+                               _d(dx), _d(dw), _d(db), opt)
     else:
-        _C.rms_norm_backward(comm, _grad(dy, x), _d(x), _d(weight), rstd, dx, dw, opt)
+        _C.rms_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(rstd), _d(dx),
+                             _d(dw), opt)
     return dx, dw, db
 
 
@@ -109,8 +120,8 @@ def _row_shape(x, normalized_shape, eps):
     dims normalized_shape (the last one sharded): rows are x's leading dims."""
     k = len(normalized_shape)
     hidden = math.prod(normalized_shape)
-    if eps is None:  # torch.nn.RMSNorm's default
-        eps = torch.finfo(x.dtype).eps
+    if eps is None:  # torch.nn.RMSNorm's default: the epsilon of its compute type
+        eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
     return k, hidden, float(eps)
 
 
@@ -150,8 +161,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, pro
 
 def rms_norm(input, normalized_shape, weight=None, eps=None, *, process_group=None,
              stats="robust"):
-    """F.rms_norm (y = x / sqrt(mean(x^2) + eps) * weight; eps None: torch.finfo(dtype).eps)
-    with normalized_shape's last dimension sharded, as layer_norm."""
+    """F.rms_norm (y = x / sqrt(mean(x^2) + eps) * weight; eps None as torch's: the epsilon of
+    float32, the compute type of float32/float16/bfloat16) with normalized_shape's last
+    dimension sharded, as layer_norm."""
     return _row_norm(input, _shape_arg(normalized_shape), weight, None,
                      as_communicator(process_group), eps, stats, False)
 
@@ -163,10 +175,11 @@ def _fused_add_norm_forward(comm, x, f, weight, bias, alpha, opt, centered):
     rstd = _empty((rows,), x, torch.float32)
     mean = _empty((rows,), x, torch.float32) if centered else None
     if centered:
-        _C.fused_add_layer_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(bias), h, y,
-                                        mean, rstd, opt)
+        _C.fused_add_layer_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(bias), _d(h),
+                                        _d(y), _d(mean), _d(rstd), opt)
     else:
-        _C.fused_add_rms_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), h, y, rstd, opt)
+        _C.fused_add_rms_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(h), _d(y),
+                                      _d(rstd), opt)
     return h, y, mean, rstd
 
 
@@ -177,11 +190,12 @@ def _fused_add_norm_backward(comm, dh, dy, h, weight, mean, rstd, alpha, opt, ce
     df = _empty(h.shape, h)
     dh = None if dh is None else dh.contiguous()
     if centered:
-        _C.fused_add_layer_norm_backward(comm, _grad(dy, h), dh, _d(h), _d(weight), mean, rstd,
-                                         alpha, dx, df, dw, db, opt)
+        _C.fused_add_layer_norm_backward(comm, _d(_grad(dy, h)), _d(dh), _d(h), _d(weight),
+                                         _d(mean), _d(rstd), alpha, _d(dx), _d(df), _d(dw),
+                                         _d(db), opt)
     else:
-        _C.fused_add_rms_norm_backward(comm, _grad(dy, h), dh, _d(h), _d(weight), rstd, alpha,
-                                       dx, df, dw, opt)
+        _C.fused_add_rms_norm_backward(comm, _d(_grad(dy, h)), _d(dh), _d(h), _d(weight),
+                                       _d(rstd), alpha, _d(dx), _d(df), _d(dw), opt)
     return dx, df, dw, db
 
 
@@ -266,14 +280,15 @@ def _group_norm_forward(comm, x, weight, bias, cg, opt, instance):
     y = _empty(x.shape, x)
     mean = _empty((x.shape[0], groups), x, torch.float32)
     rstd = _empty((x.shape[0], groups), x, torch.float32)
-    _C.group_norm_forward(comm, _d(x), cg, _d(weight), _d(bias), y, mean, rstd, opt, instance)
+    _C.group_norm_forward(comm, _d(x), cg, _d(weight), _d(bias), _d(y), _d(mean), _d(rstd), opt,
+                          instance)
     return y, mean, rstd
 
 
 def _group_norm_backward(comm, dy, x, weight, mean, rstd, cg, opt, instance, has_bias):
     dx, dw, db = _grads(x, weight, x.shape[1], has_bias)
-    _C.group_norm_backward(comm, _grad(dy, x), _d(x), cg, _d(weight), mean, rstd, dx, dw, db,
-                           opt, instance)
+    _C.group_norm_backward(comm, _d(_grad(dy, x)), _d(x), cg, _d(weight), _d(mean), _d(rstd),
+                           _d(dx), _d(dw), _d(db), opt, instance)
     return dx, dw, db
 
 
@@ -362,8 +377,8 @@ def _sync_batch_norm_forward(comm, x, weight, bias, running_mean, running_var, o
     xv = x.permute(0, *range(2, x.dim()), 1) if channels_last else x
     y = torch.empty(xv.shape, dtype=x.dtype, device=x.device)
     save_mean, save_invstd = _empty((C,), x, torch.float32), _empty((C,), x, torch.float32)
-    _C.sync_batch_norm_forward(comm, _d(xv), _d(weight), _d(bias), running_mean, running_var, y,
-                               save_mean, save_invstd, opt)
+    _C.sync_batch_norm_forward(comm, _d(xv), _d(weight), _d(bias), _d(running_mean),
+                               _d(running_var), _d(y), _d(save_mean), _d(save_invstd), opt)
     if channels_last:
         y = y.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
     return y, save_mean, save_invstd
@@ -376,8 +391,8 @@ def _sync_batch_norm_backward(comm, dy, x, weight, save_mean, save_invstd, opt, 
         x = x.permute(to_last)
         dy = None if dy is None else dy.permute(to_last)
     dx, dw, db = _grads(x, weight, x.shape[-1 if channels_last else 1], has_bias, bias_dtype)
-    _C.sync_batch_norm_backward(comm, _grad(dy, x), _d(x), _d(weight), save_mean, save_invstd,
-                                dx, dw, db, opt)
+    _C.sync_batch_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(save_mean),
+                                _d(save_invstd), _d(dx), _d(dw), _d(db), opt)
     if channels_last:
         dx = dx.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
     return dx, dw, db
@@ -423,8 +438,12 @@ def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, tr
     momentum = math.nan if momentum is None else float(momentum)
     if _lib.compiling():
         h = _lib.comm_handle(comm) if handle is None else handle
-        return _lib.sync_batch_norm(x, weight, bias, running_mean, running_var, h, bn_training,
-                                    momentum, float(eps), stats)[0]
+        y, _, _, rm, rv = _lib.sync_batch_norm(x, weight, bias, running_mean, running_var, h,
+                                               bn_training, momentum, float(eps), stats)
+        if training and running_mean is not None:
+            running_mean.copy_(rm)
+            running_var.copy_(rv)
+        return y
     channels_last = _channels_last(x)
     opt = _C.BatchNormOptions(eps=eps, momentum=momentum,
                               training=bn_training, layout=_LAYOUT[channels_last],

@@ -11,7 +11,7 @@ forward ones, registered autograd whose backward is the matching ``*_backward`` 
   tpnorm::group_norm(x, weight?, bias?, groups, channels, channel_offset, handle, eps, stats,
       instance) -> (y, mean, rstd)
   tpnorm::sync_batch_norm(x, weight?, bias?, running_mean?, running_var?, handle, training,
-      momentum, eps, stats) -> (y, save_mean, save_invstd)   (mutates the running statistics)
+      momentum, eps, stats) -> (y, save_mean, save_invstd, new running_mean, new running_var)
 
 and row_norm_backward, fused_add_norm_backward, group_norm_backward, sync_batch_norm_backward.
 An op's statistic it does not compute (RMSNorm's mean) and an absent parameter's gradient are
@@ -31,18 +31,8 @@ _version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 AVAILABLE = _version >= (2, 4) and hasattr(torch.library, "custom_op")
 REASON = None if AVAILABLE else f"torch {torch.__version__} < 2.4 has no torch.library.custom_op"
 
-_comms = []
-_handles = {}
-
-
-def comm_handle(comm):
-    """The integer handle of the tpnorm Communicator ``comm`` (registered once; the table
-    keeps it alive)."""
-    h = _handles.get(id(comm))
-    if h is None or _comms[h] is not comm:
-        _comms.append(comm)
-        h = _handles[id(comm)] = len(_comms) - 1
-    return h
+from .comm import _comms
+from .comm import handle_of as comm_handle  # noqa: F401 - the ops' communicator argument
 
 
 def compiling():
@@ -205,20 +195,27 @@ if AVAILABLE:
                                    layout=F._LAYOUT[F._channels_last(x)],
                                    stats=F._STATS[stats])
 
-    @torch.library.custom_op("tpnorm::sync_batch_norm",
-                             mutates_args=("running_mean", "running_var"))
+    # Functional (autograd needs it): the updated running statistics are returned, and the
+    # caller copies them into its buffers; on failure nothing is returned to copy.
+    @torch.library.custom_op("tpnorm::sync_batch_norm", mutates_args=())
     def sync_batch_norm(x: Tensor, weight: OptTensor, bias: OptTensor, running_mean: OptTensor,
                         running_var: OptTensor, handle: int, training: bool, momentum: float,
-                        eps: float, stats: str) -> Tuple[Tensor, Tensor, Tensor]:
+                        eps: float, stats: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         opt = _bn_options(x, training, momentum, eps, stats)
-        return F._sync_batch_norm_forward(_comms[handle], x, weight, bias, running_mean,
-                                          running_var, opt, F._channels_last(x))
+        rm = _absent(x) if running_mean is None else running_mean.clone()
+        rv = _absent(x) if running_var is None else running_var.clone()
+        y, save_mean, save_invstd = F._sync_batch_norm_forward(
+            _comms[handle], x, weight, bias, None if running_mean is None else rm,
+            None if running_var is None else rv, opt, F._channels_last(x))
+        return y, save_mean, save_invstd, rm, rv
 
     @sync_batch_norm.register_fake
     def _(x, weight, bias, running_mean, running_var, handle, training, momentum, eps, stats):
         C = x.shape[1]
         return (torch.empty_like(x), x.new_empty((C,), dtype=torch.float32),
-                x.new_empty((C,), dtype=torch.float32))
+                x.new_empty((C,), dtype=torch.float32),
+                _absent(x) if running_mean is None else torch.empty_like(running_mean),
+                _absent(x) if running_var is None else torch.empty_like(running_var))
 
     @torch.library.custom_op("tpnorm::sync_batch_norm_backward", mutates_args=())
     def sync_batch_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
@@ -238,11 +235,11 @@ if AVAILABLE:
 
     def _bn_setup(ctx, inputs, output):
         x, weight, bias = inputs[:3]
-        _, save_mean, save_invstd = output
+        save_mean, save_invstd = output[1:3]
         ctx.save_for_backward(x, weight, bias, save_mean, save_invstd)
         ctx.args = inputs[5:]
 
-    def _bn_backward(ctx, dy, dmean, dinvstd):
+    def _bn_backward(ctx, dy, dmean, dinvstd, drunning_mean, drunning_var):
         x, weight, bias, save_mean, save_invstd = ctx.saved_tensors
         dx, dw, db = sync_batch_norm_backward(dy, x, weight, bias, save_mean, save_invstd,
                                               *ctx.args)

@@ -108,8 +108,8 @@ class ShardedLayerNorm(_ShardedRowNorm):
 
 
 class ShardedRMSNorm(_ShardedRowNorm):
-    """nn.RMSNorm (x / sqrt(mean(x^2) + eps) * weight, no bias; eps None is
-    torch.finfo(x.dtype).eps) sharded as ShardedLayerNorm."""
+    """nn.RMSNorm (x / sqrt(mean(x^2) + eps) * weight, no bias; eps None is torch's default,
+    torch.finfo(torch.float32).eps for float32/float16/bfloat16) sharded as ShardedLayerNorm."""
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
                  dtype=None, *, process_group=None, local_size=None):
