@@ -20,6 +20,18 @@ pytestmark = pytest.mark.skipif(not lib.AVAILABLE, reason=str(lib.REASON))
 H, ROWS, C, N = 12, 5, 3, 7  # hidden size, rows; SyncBatchNorm channels and global batch
 
 
+@pytest.fixture(autouse=True, scope="module")
+def fresh_compiles():
+    """Every compile here really compiles: no FX graph or AOT autograd cache entry from an
+    earlier run (or another rank) may stand in for this code's graphs."""
+    from torch._functorch import config as aot_config
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False), \
+            aot_config.patch(enable_autograd_cache=False):
+        yield
+
+
 @pytest.fixture(scope="module")
 def handle():
     return lib.comm_handle(tpnorm.from_mpi4py(MPI.COMM_WORLD))
