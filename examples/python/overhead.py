@@ -1,28 +1,33 @@
-"""What the Python layer costs per call: a small LayerNorm on CPU (one process, the
-single-process communicator, one thread) from Python vs the same call made from C++ on the
-same tensors (tpnorm._tpnorm.bench_layer_norm_loop). A measurement, not a test.
+"""What the Python layer costs per call: LayerNorm on CPU (one process, the single-process
+communicator, one thread) from Python vs the same call made from C++ on the same tensors
+(tpnorm._tpnorm.bench_layer_norm_loop), and vs torch's own nn.LayerNorm in the same process.
+A measurement, not a test.
 
     PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 examples/python/overhead.py
+    OMP_NUM_THREADS=1 .venv-torch/bin/python examples/python/overhead.py   # the PyPI torch
 
-Prints the median of 5 blocks of --iters calls, microseconds per call, for:
+For each shape (default 4x64 and 4096x1024) prints the median of 5 blocks of calls,
+microseconds per call, for:
   C++ loop              layer_norm_forward (and _backward) called from C++
   binding               tpnorm._tpnorm.layer_norm_forward from Python (DLPack + pybind11)
   functional, no grad   tpnorm.layer_norm under torch.no_grad() (allocates y, mean, rstd)
-  autograd fwd+bwd      y = tpnorm.layer_norm(x, w, b); y.backward(dy) through torch.autograd
-  torch F.layer_norm    the same through PyTorch's own layer, for scale
+  module fwd+bwd        y = ShardedLayerNorm(x); y.backward(dy) through torch.autograd
+  nn.LayerNorm fwd+bwd  the same through torch.nn.LayerNorm
+and the two ratios: module / nn.LayerNorm and module / C++ loop (forward + backward).
 """
 import argparse
 import statistics
 import time
 
 import torch
-import torch.nn.functional as TF
 
 import tpnorm
 from tpnorm import _tpnorm as _C
 
 
 def per_call(fn, iters):
+    for _ in range(max(1, iters // 10)):  # warm up: allocator, autograd graph caches
+        fn()
     blocks = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -32,50 +37,57 @@ def per_call(fn, iters):
     return statistics.median(blocks)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--iters", type=int, default=2000)
-    a = ap.parse_args()
-    torch.set_num_threads(1)
+def measure(rows, hidden, iters):
     comm = tpnorm.single()
     comm.set_strict_calls(0)  # the steady state: no header pre-check collective
-    opt = tpnorm.functional.norm_options(1e-5, num_threads=1)
-    x = torch.randn(a.rows, a.hidden)
-    w, b = torch.randn(a.hidden), torch.randn(a.hidden)
+    opt = tpnorm.functional.norm_options(1e-5, hidden_size=hidden, num_threads=1)
+    x = torch.randn(rows, hidden)
+    w, b = torch.randn(hidden), torch.randn(hidden)
     y, dx, dy = torch.empty_like(x), torch.empty_like(x), torch.randn_like(x)
-    mean, rstd = torch.empty(a.rows), torch.empty(a.rows)
+    mean, rstd = torch.empty(rows), torch.empty(rows)
     dw, db = torch.empty_like(w), torch.empty_like(b)
-    cpp_f = _C.bench_layer_norm_loop(comm, x, w, b, y, mean, rstd, dy, dx, dw, db, opt, a.iters,
+    cpp_f = _C.bench_layer_norm_loop(comm, x, w, b, y, mean, rstd, dy, dx, dw, db, opt, iters,
                                      False)
-    cpp_fb = _C.bench_layer_norm_loop(comm, x, w, b, y, mean, rstd, dy, dx, dw, db, opt,
-                                      a.iters, True)
-    binding = per_call(lambda: _C.layer_norm_forward(comm, x, w, b, y, mean, rstd, opt), a.iters)
+    cpp_fb = _C.bench_layer_norm_loop(comm, x, w, b, y, mean, rstd, dy, dx, dw, db, opt, iters,
+                                      True)
+    binding = per_call(lambda: _C.layer_norm_forward(comm, x, w, b, y, mean, rstd, opt), iters)
 
     def functional():
         with torch.no_grad():
-            tpnorm.layer_norm(x, w, b, comm=comm)
+            tpnorm.layer_norm(x, hidden, w, b, process_group=comm)
 
-    xg, wg, bg = x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()
+    ours = tpnorm.ShardedLayerNorm(hidden, process_group=comm)
+    theirs = torch.nn.LayerNorm(hidden)
+    with torch.no_grad():
+        for m in (ours, theirs):
+            m.weight.copy_(w)
+            m.bias.copy_(b)
+    xg = x.clone().requires_grad_()
+    module_fb = per_call(lambda: ours(xg).backward(dy), iters)
+    torch_fb = per_call(lambda: theirs(xg).backward(dy), iters)
+    rows_out = [("C++ loop, forward", cpp_f), ("binding, forward", binding),
+                ("functional, no grad", per_call(functional, iters)),
+                ("C++ loop, fwd+bwd", cpp_fb), ("module fwd+bwd", module_fb),
+                ("nn.LayerNorm fwd+bwd", torch_fb)]
+    print(f"# LayerNorm [{rows}, {hidden}] fp32, 1 process, 1 thread, torch {torch.__version__}; "
+          f"median of 5 blocks of {iters} calls (us per call)")
+    for name, t in rows_out:
+        print(f"{name:24s} {t * 1e6:10.2f}")
+    print(f"# module fwd+bwd / nn.LayerNorm fwd+bwd = {module_fb / torch_fb:.2f}x, "
+          f"module fwd+bwd / C++ loop fwd+bwd = {module_fb / cpp_fb:.2f}x")
 
-    def autograd():
-        tpnorm.layer_norm(xg, wg, bg, comm=comm).backward(dy)
 
-    def torch_fb():
-        TF.layer_norm(xg, (a.hidden,), wg, bg).backward(dy)
-
-    rows = [("C++ loop, forward", cpp_f), ("binding, forward", binding),
-            ("functional, no grad", per_call(functional, a.iters)),
-            ("C++ loop, fwd+bwd", cpp_fb), ("autograd fwd+bwd", per_call(autograd, a.iters)),
-            ("torch F.layer_norm fwd+bwd", per_call(torch_fb, a.iters))]
-    print(f"# LayerNorm [{a.rows}, {a.hidden}] fp32, 1 process, 1 thread; median of 5 blocks "
-          f"of {a.iters} calls (us per call)")
-    for name, t in rows:
-        print(f"{name:28s} {t * 1e6:8.2f}")
-    print(f"# Python overhead per call: binding {(binding - cpp_f) * 1e6:.2f} us, functional "
-          f"{(rows[2][1] - cpp_f) * 1e6:.2f} us, autograd fwd+bwd "
-          f"{(rows[4][1] - cpp_fb) * 1e6:.2f} us")
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="4x64,4096x1024", help="ROWSxHIDDEN,...")
+    ap.add_argument("--iters", type=int, default=2000, help="calls per block at 4x64; larger "
+                    "shapes scale it down to about the same work")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    for shape in a.shapes.split(","):
+        rows, hidden = (int(v) for v in shape.split("x"))
+        iters = max(10, a.iters * 256 // max(256, rows * hidden))
+        measure(rows, hidden, iters)
 
 
 if __name__ == "__main__":

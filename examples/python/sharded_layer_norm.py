@@ -36,11 +36,20 @@ def init():
                             world_size=world.size)
 
 
+def local_rank():
+    """This process's rank on its node (torchrun, mpirun or srun say it), which picks its GPU:
+    the global rank would name GPUs the node does not have on every node but the first."""
+    for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
 def main():
     init()
     rank, size = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", rank % torch.cuda.device_count()) \
-        if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = torch.device("cuda", local_rank()) if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     hidden, rows = 10, 4  # 10 columns over 3 ranks: 3, 3, 4

@@ -61,6 +61,10 @@ struct NormOptions {
   Stats stats = Stats::kRobust;  ///< how partial statistics are accumulated and sent
   bool check_agreement = true;   ///< fold a fingerprint of the call into the collective
   int num_threads = 0;           ///< CPU threads per rank; 0 = OpenMP's default
+  /// Row norms: > 0 is the hidden size the ranks' slices must tile (the sum of hidden_local
+  /// over the ranks, as the call's collective sums it): otherwise the call fails with
+  /// kInvalidArgument on every rank, outputs untouched. 0: not checked.
+  int64_t hidden_size = 0;
 };
 
 /// Values of the call header H that leads every call's collective (H above): 10 with

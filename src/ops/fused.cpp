@@ -62,6 +62,7 @@ void agree_common(PackedCall& call, const TensorView& x, int64_t rows, bool cent
   call.agree("dtype", static_cast<double>(x.dtype));
   call.agree("centered", centered ? 1 : 0);
   call.agree("stats", static_cast<double>(opt.stats));
+  call.agree("hidden size", static_cast<double>(opt.hidden_size));
   call.agree("alpha", alpha);
   call.agree("gamma", gamma.present() ? 1 : 0);
 }
@@ -105,7 +106,7 @@ class FusedForwardOp final : public SpecOf<FusedForward> {
   void partial(PackedCall& call) override { partial_rows(call, {0, args_.gx.rows}); }
   void apply(PackedCall& call) override {
     const RowForwardCall& n = args_.norm;
-    check_naive_count(n.opt.stats, call.global_count(), name(), "row");
+    check_row_count(n.opt, call.global_count(), name());
     row_forward_apply(n.a, call.wire(), call.payload_data(), call.global_count(), n.opt.eps, n.run);
   }
 
@@ -141,7 +142,7 @@ class FusedForwardOp final : public SpecOf<FusedForward> {
   }
   void apply_rows(PackedCall& call, const ChunkRows& c) override {
     const RowForwardCall& n = args_.norm;
-    if (c.first) check_naive_count(n.opt.stats, call.global_count(), name(), "row");
+    if (c.first) check_row_count(n.opt, call.global_count(), name());
     RowRun run = n.run;
     run.row0 = c.begin;
     run.call_rows = args_.gx.rows;
@@ -190,7 +191,7 @@ class FusedBackwardOp final : public SpecOf<FusedBackward> {
   }
   void apply(PackedCall& call) override {
     const RowBackwardCall& n = args_.norm;
-    check_naive_count(n.opt.stats, call.global_count(), name(), "row");
+    check_row_count(n.opt, call.global_count(), name());
     row_backward_apply(n.a, call.wire(), call.payload_data(), call.global_count(), n.run);
     epilogue(0, n.a.g.rows);
   }
@@ -214,7 +215,7 @@ class FusedBackwardOp final : public SpecOf<FusedBackward> {
     run.call_rows = n.a.g.rows;
     run.param_last = c.last;
     if (c.first) {
-      check_naive_count(n.opt.stats, call.global_count(), name(), "row");
+      check_row_count(n.opt, call.global_count(), name());
       param_acc_.assign(row_backward_acc_size(n.a, call.wire(), run), 0.0);
     }
     run.param_acc = param_acc_.data();

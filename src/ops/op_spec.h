@@ -51,6 +51,9 @@ inline DType wire_of(Stats s) {
 /// count) beyond that. `per` names the statistic set, e.g. "row", "channel".
 void check_naive_count(Stats s, double n, const char* op, const char* per);
 
+/// check_naive_count per row, and NormOptions::hidden_size against the reduced count `n`.
+void check_row_count(const NormOptions& opt, double n, const char* op);
+
 /// The dtype of saved statistics: rstd's, else mean's, else float32 (nothing saved).
 inline DType saved_dtype(const TensorView& mean, const TensorView& rstd) {
   return rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);

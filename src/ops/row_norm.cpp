@@ -47,6 +47,7 @@ void agree_rows(PackedCall& call, const TensorView& x, int64_t rows, bool center
   call.agree("dtype", static_cast<double>(x.dtype));
   call.agree("centered", centered ? 1 : 0);
   call.agree("stats", static_cast<double>(opt.stats));
+  call.agree("hidden size", static_cast<double>(opt.hidden_size));
 }
 
 class RowForwardOp final : public SpecOf<RowForwardCall> {
@@ -72,7 +73,7 @@ class RowForwardOp final : public SpecOf<RowForwardCall> {
     if (!args_.run.fused) row_forward_partial(args_.a, call.wire(), call.payload_data(), args_.run);
   }
   void apply(PackedCall& call) override {
-    check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
+    check_row_count(args_.opt, call.global_count(), name());
     row_forward_apply(args_.a, call.wire(), call.payload_data(), call.global_count(), args_.opt.eps,
                       args_.run);
   }
@@ -85,7 +86,7 @@ class RowForwardOp final : public SpecOf<RowForwardCall> {
                           stats_at(call, c, width()), chunk_run(args_.run, c, args_.a.g.rows));
   }
   void apply_rows(PackedCall& call, const ChunkRows& c) override {
-    if (c.first) check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
+    if (c.first) check_row_count(args_.opt, call.global_count(), name());
     row_forward_apply(rows_of(args_.a, c.begin, c.end), call.wire(), stats_at(call, c, width()),
                       call.global_count(), args_.opt.eps, chunk_run(args_.run, c, args_.a.g.rows));
   }
@@ -118,7 +119,7 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
                            params_run(call, args_.run, true, false, true));
   }
   void apply(PackedCall& call) override {
-    check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
+    check_row_count(args_.opt, call.global_count(), name());
     row_backward_apply(args_.a, call.wire(), call.payload_data(), call.global_count(),
                        params_run(call, args_.run, false, false, true));
     param_acc_ = {};
@@ -141,7 +142,7 @@ class RowBackwardOp final : public SpecOf<RowBackwardCall> {
   // dgamma/dbeta: one accumulator for the call's chunks, in the order of the unchunked call
   // (row_stages.h RowRun::param_acc); written by the last chunk.
   void apply_rows(PackedCall& call, const ChunkRows& c) override {
-    if (c.first) check_naive_count(args_.opt.stats, call.global_count(), name(), "row");
+    if (c.first) check_row_count(args_.opt, call.global_count(), name());
     const RowRun run =
         params_run(call, chunk_run(args_.run, c, args_.a.g.rows), false, true, c.first);
     row_backward_apply(rows_of(args_.a, c.begin, c.end), call.wire(), stats_at(call, c, width()),

@@ -6,6 +6,7 @@
 #include "common/dispatch.h"
 #include "kernels/cpu/exact_rows.h"
 #include "kernels/cpu/row_norm.h"
+#include "tpnorm/error.h"
 
 namespace tpnorm::detail {
 namespace {
@@ -151,6 +152,17 @@ size_t row_backward_acc_size(const RowBackward& a, DType wire, RowRun run) {
   kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
   k.final_stats = wire == DType::I64;  // the exact mode's fixed row blocks
   return kc::row_param_acc_size(k);
+}
+
+void check_row_count(const NormOptions& opt, double n, const char* op) {
+  check_naive_count(opt.stats, n, op, "row");
+  if (opt.hidden_size > 0 && n != static_cast<double>(opt.hidden_size))
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("tpnorm: ") + op +
+                    ": the ranks' slices of the hidden dimension add up to " +
+                    std::to_string(static_cast<int64_t>(n)) +
+                    " elements per row, but the hidden size is " +
+                    std::to_string(opt.hidden_size));
 }
 
 int64_t row_stat_width(bool centered, Stats stats, bool forward) {

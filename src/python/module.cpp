@@ -84,11 +84,13 @@ void bind_options(py::module_& m) {
       .value("NCHW", Layout::kNCHW)
       .value("CHANNELS_LAST", Layout::kChannelsLast);
   py::class_<NormOptions>(m, "NormOptions")
-      .def(py::init([](double eps, Stats stats, bool check_agreement, int num_threads) {
-             return NormOptions{eps, stats, check_agreement, num_threads};
+      .def(py::init([](double eps, Stats stats, bool check_agreement, int num_threads,
+                       int64_t hidden_size) {
+             return NormOptions{eps, stats, check_agreement, num_threads, hidden_size};
            }),
            arg("eps") = 1e-5, arg("stats") = Stats::kRobust, arg("check_agreement") = true,
-           arg("num_threads") = 0)
+           arg("num_threads") = 0, arg("hidden_size") = 0)
+      .def_readwrite("hidden_size", &NormOptions::hidden_size)
       .def_readwrite("eps", &NormOptions::eps)
       .def_readwrite("stats", &NormOptions::stats)
       .def_readwrite("check_agreement", &NormOptions::check_agreement)

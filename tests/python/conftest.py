@@ -2,16 +2,17 @@
 # mpi4py, and a gloo torch.distributed group over the same ranks (its TCP rendezvous port is
 # chosen by rank 0 and broadcast over MPI). A test's verdict is agreed over all ranks
 # (support.agree), so a failure fails the test on every rank and no rank runs ahead into a
-# collective the others never join.
+# collective the others never join. Under torchrun (support.TORCHRUN) the group comes from
+# torchrun's env:// rendezvous and there is no MPI.
 import datetime
 import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 
 import tpnorm
+from support import TORCHRUN, WORLD
 
 
 def _free_port():
@@ -22,7 +23,10 @@ def _free_port():
 
 def pytest_configure(config):
     torch.set_num_threads(1)  # ranks share the cores
-    world = MPI.COMM_WORLD
+    if TORCHRUN:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+        return
+    world = WORLD
     port = world.bcast(_free_port() if world.rank == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.rank,
                             world_size=world.size, timeout=datetime.timedelta(seconds=120))
@@ -34,14 +38,14 @@ def pytest_unconfigure(config):
 
 
 def pytest_report_header(config):
-    return (f"tpnorm: rank {MPI.COMM_WORLD.rank} of {MPI.COMM_WORLD.size}, torch "
+    return (f"tpnorm: rank {WORLD.rank} of {WORLD.size}, torch "
             f"{torch.__version__}, torch.library ops: "
             f"{'on' if tpnorm.library.AVAILABLE else tpnorm.library.REASON}")
 
 
-@pytest.fixture(params=["gloo", "mpi4py"])
+@pytest.fixture(params=["gloo"] if TORCHRUN else ["gloo", "mpi4py"])
 def comm(request):
     """A fresh tpnorm communicator over all ranks: the gloo group's all_reduce, or MPI."""
     if request.param == "gloo":
         return tpnorm.from_process_group(dist.group.WORLD)
-    return tpnorm.from_mpi4py(MPI.COMM_WORLD)
+    return tpnorm.from_mpi4py(WORLD)

@@ -1,10 +1,36 @@
 # support.py — shared by the Python tests: seeded full tensors (the same on every rank), this
 # rank's shard of them, tolerance checks as in the C++ tests (|got - want| <= atol + rtol*|want|
 # against a float64 reference), and verdicts agreed over all ranks.
-import torch
-from mpi4py import MPI
+#
+# The job is an mpirun job (WORLD is MPI.COMM_WORLD) or a torchrun one (RANK and WORLD_SIZE set
+# by torchrun, no MPI: WORLD is the same interface over torch.distributed's default group).
+import os
 
-WORLD = MPI.COMM_WORLD
+import torch
+
+TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ
+
+
+class _TorchWorld:
+    """The part of an mpi4py communicator the tests use, over the default torch group."""
+
+    rank = int(os.environ.get("RANK", 0))
+    size = int(os.environ.get("WORLD_SIZE", 1))
+
+    def allgather(self, obj):
+        import torch.distributed as dist
+
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+if TORCHRUN:
+    WORLD = _TorchWorld()
+else:
+    from mpi4py import MPI
+
+    WORLD = MPI.COMM_WORLD
 
 # Relative tolerance of one rounding to the storage dtype (tests/support/storage.h).
 RTOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}

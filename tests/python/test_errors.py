@@ -37,13 +37,13 @@ def test_one_rank_with_a_different_shape_fails_everywhere(comm):
     rows = 4 + (1 if r == P - 1 else 0)  # the last rank passes one row more
     x = cols(full(90, rows, 8), r, P).requires_grad_()
     code = tpnorm._C.INVALID_ARGUMENT if P == 1 else tpnorm._C.MISMATCH
-    got = outcome(lambda: tpnorm.layer_norm(x, comm=comm))
+    got = outcome(lambda: tpnorm.layer_norm(x, (8,), process_group=comm))
     if P == 1:
         assert got is None  # one rank alone has nothing to disagree with
     else:
         same_error_everywhere(got, code, "layer_norm_forward", "rows")
     # The communicator is still usable afterwards (no half-finished collective).
-    y = tpnorm.layer_norm(cols(full(91, 2, 8), r, P), comm=comm)
+    y = tpnorm.layer_norm(cols(full(91, 2, 8), r, P), (8,), process_group=comm)
     assert y.shape[0] == 2
 
 
@@ -54,7 +54,7 @@ def test_non_contiguous_input_on_one_rank_names_the_argument(comm):
     if r == 0:  # same shape, but a transposed copy's transpose: not row-major
         x = x.t().contiguous().t()
         assert not x.is_contiguous()
-    got = outcome(lambda: tpnorm.layer_norm(x, comm=comm))
+    got = outcome(lambda: tpnorm.layer_norm(x, (10,), process_group=comm))
     same_error_everywhere(got, tpnorm._C.INVALID_ARGUMENT, "rank 0", "argument 'x'",
                           "not contiguous")
 
@@ -63,7 +63,7 @@ def test_wrong_dtype_names_the_argument(comm):
     r, P = WORLD.rank, WORLD.size
     x = cols(full(93, 3, 8), r, P)
     w = torch.ones(x.shape[-1], dtype=torch.int32)
-    got = outcome(lambda: tpnorm.rms_norm(x, w, comm=comm))
+    got = outcome(lambda: tpnorm.rms_norm(x, (8,), w, process_group=comm))
     same_error_everywhere(got, tpnorm._C.INVALID_ARGUMENT, "argument 'gamma'", "int32")
 
 

@@ -22,9 +22,10 @@ def test_fused_add_norm_matches_torch(comm, kind, alpha, dtype, rows, hidden):
     x, f = cols(X, r, P).requires_grad_(), cols(Fx, r, P).requires_grad_()
     w, b = cols(W, r, P).requires_grad_(), cols(B, r, P).requires_grad_()
     if kind == "layer_norm":
-        h, y = tpnorm.fused_add_layer_norm(x, f, w, b, alpha=a, eps=eps, comm=comm)
+        h, y = tpnorm.fused_add_layer_norm(x, f, hidden, w, b, alpha=a, eps=eps,
+                                           process_group=comm)
     else:
-        h, y = tpnorm.fused_add_rms_norm(x, f, w, alpha=a, eps=eps, comm=comm)
+        h, y = tpnorm.fused_add_rms_norm(x, f, hidden, w, alpha=a, eps=eps, process_group=comm)
     torch.autograd.backward([y, h], [cols(dY, r, P), cols(dH, r, P)])
 
     # Reference: h rounded once to the storage dtype, as the op stores it, then the norm.
@@ -53,7 +54,7 @@ def test_fused_module_pre_ln_residual(comm):
     """FusedAddLayerNorm as Pre-LN uses it: h continues the residual stream, y feeds the next
     sublayer; a gradient through h only (y unused) still reaches x and f."""
     r, P, H = WORLD.rank, WORLD.size, 6
-    m = tpnorm.FusedAddLayerNorm(H, group=comm)
+    m = tpnorm.FusedAddLayerNorm(H, process_group=comm)
     x = cols(full(21, 2, H), r, P).requires_grad_()
     f = cols(full(22, 2, H), r, P).requires_grad_()
     h, y = m(x, f)

@@ -16,7 +16,7 @@ def test_group_norm_matches_torch(comm, dtype, C, G, spatial):
     X = full(31, N, C, *spatial, scale=1.5, shift=0.7, dtype=dtype)
     W, B = full(32, C, shift=1.0, dtype=dtype), full(33, C, dtype=dtype)
     dY = full(34, N, C, *spatial, dtype=dtype)
-    m = tpnorm.ShardedGroupNorm(G, C, group=comm, eps=eps, dtype=dtype)
+    m = tpnorm.ShardedGroupNorm(G, C, eps, dtype=dtype, process_group=comm)
     with torch.no_grad():
         m.weight.copy_(cols(W, r, P, dim=0))
         m.bias.copy_(cols(B, r, P, dim=0))
@@ -39,7 +39,7 @@ def test_group_norm_matches_torch(comm, dtype, C, G, spatial):
 def test_instance_norm_matches_torch(comm, affine):
     r, P, N, C, eps = WORLD.rank, WORLD.size, 2, 5, 1e-5
     X, dY = full(41, N, C, 3, 4, shift=2.0), full(42, N, C, 3, 4)
-    m = tpnorm.ShardedInstanceNorm(C, group=comm, eps=eps, affine=affine)
+    m = tpnorm.ShardedInstanceNorm(C, eps, affine=affine, process_group=comm)
     x = cols(X, r, P, dim=1).requires_grad_()
     m(x).backward(cols(dY, r, P, dim=1))
     Xd = X.double().requires_grad_()

@@ -24,11 +24,12 @@ def test_half_activations_with_fp32_parameters(comm, kind, dtype, rows, hidden, 
     x, f = cols(X, r, P).requires_grad_(), cols(Fx, r, P).requires_grad_()
     w, b = cols(W, r, P).requires_grad_(), cols(B, r, P).requires_grad_()
     if kind == "layer_norm":
-        y = tpnorm.layer_norm(x, w, b, eps=eps, comm=comm, stats=stats)
+        y = tpnorm.layer_norm(x, (hidden,), w, b, eps, process_group=comm, stats=stats)
     elif kind == "rms_norm":
-        y = tpnorm.rms_norm(x, w, eps=eps, comm=comm, stats=stats)
+        y = tpnorm.rms_norm(x, (hidden,), w, eps, process_group=comm, stats=stats)
     else:
-        _, y = tpnorm.fused_add_layer_norm(x, f, w, b, eps=eps, comm=comm, stats=stats)
+        _, y = tpnorm.fused_add_layer_norm(x, f, hidden, w, b, eps=eps, process_group=comm,
+                                           stats=stats)
     y.backward(cols(dY, r, P))
 
     Xd, Fd, Wd, Bd = (t.double().requires_grad_() for t in (X, Fx, W, B))
@@ -59,7 +60,7 @@ def test_parameters_of_a_third_dtype_name_the_argument(comm):
     x = cols(full(66, 3, 8, dtype=torch.bfloat16), r, P)
     w = torch.ones(x.shape[-1], dtype=torch.float16)
     try:
-        tpnorm.rms_norm(x, w, comm=comm)
+        tpnorm.rms_norm(x, 8, w, process_group=comm)
         got = None
     except tpnorm.Error as e:
         got = str(e)

@@ -28,7 +28,7 @@ def test_sharded_layer_norm_on_gpu_over_an_nccl_group():
     r, P, H = WORLD.rank, WORLD.size, 1000
     torch.cuda.set_device(r)
     group = dist.new_group(list(range(P)), backend="nccl")
-    norm = tpnorm.ShardedLayerNorm(H, group=group, device="cuda")
+    norm = tpnorm.ShardedLayerNorm(H, device="cuda", process_group=group)
     assert norm.comm.device == f"cuda:{r}"
     X, dY = full(1, 8, H), full(2, 8, H)
     x = cols(X, r, P).cuda().requires_grad_()

@@ -40,9 +40,9 @@ def test_row_norm_matches_torch(comm, kind, dtype, rows, hidden):
     w = cols(W, r, P).requires_grad_()
     b = cols(B, r, P).requires_grad_()
     if kind == "layer_norm":
-        y = tpnorm.layer_norm(x, w, b, eps=eps, comm=comm)
+        y = tpnorm.layer_norm(x, (hidden,), w, b, eps, process_group=comm)
     else:
-        y = tpnorm.rms_norm(x, w, eps=eps, comm=comm)
+        y = tpnorm.rms_norm(x, (hidden,), w, eps, process_group=comm)
     y.backward(cols(dY, r, P))
     Y, dX, dW, dB = reference(kind, X, W, B, dY, eps)
 
@@ -70,7 +70,7 @@ def test_modules_are_nn_modules(comm, kind):
     """The modules hold this rank's slice as nn.Parameter and train like nn.LayerNorm."""
     r, P, H = WORLD.rank, WORLD.size, 10
     cls = tpnorm.ShardedLayerNorm if kind == "layer_norm" else tpnorm.ShardedRMSNorm
-    m = cls(H, group=comm)
+    m = cls(H, process_group=comm)
     lo, hi = tpnorm.shard_range(H, r, P)
     assert m.shard == (lo, hi) and m.weight.shape == (hi - lo,)
     names = {n for n, _ in m.named_parameters()}

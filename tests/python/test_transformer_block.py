@@ -83,9 +83,9 @@ class TPBlock(torch.nn.Module):
         Fused = tpnorm.FusedAddLayerNorm if norm == "layernorm" else tpnorm.FusedAddRMSNorm
         Plain = tpnorm.ShardedLayerNorm if norm == "layernorm" else tpnorm.ShardedRMSNorm
         if arch == "pre":  # the block's first norm, and the add + norm between sublayers
-            norms = [Plain(H, group=comm), Fused(H, group=comm)]
+            norms = [Plain(H, 1e-5, process_group=comm), Fused(H, 1e-5, process_group=comm)]
         else:  # both residual adds end in a norm
-            norms = [Fused(H, group=comm, alpha=alpha), Fused(H, group=comm, alpha=alpha)]
+            norms = [Fused(H, 1e-5, alpha=alpha, process_group=comm) for _ in range(2)]
         self.norms = torch.nn.ModuleList(norms)
         self.torch_norms = False
         with torch.no_grad():  # distinct, seeded norm parameters, this rank's slice

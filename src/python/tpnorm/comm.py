@@ -13,15 +13,34 @@ from . import _tpnorm as _C
 
 Communicator = _C.Communicator
 
+# Every communicator made here gets an integer handle when it is made (never while
+# torch.compile traces a call that uses it): the torch.library ops take the handle.
+_comms = []
+_handles = {}
+
+
+def handle_of(comm):
+    """The integer handle of the tpnorm Communicator ``comm`` (the table keeps it alive)."""
+    h = _handles.get(id(comm))
+    if h is None or _comms[h] is not comm:
+        _comms.append(comm)
+        h = _handles[id(comm)] = len(_comms) - 1
+    return h
+
+
+def _registered(comm):
+    handle_of(comm)
+    return comm
+
 
 def single():
     """A communicator of one process (all_reduce_sum is the identity)."""
-    return _C.single_communicator()
+    return _registered(_C.single_communicator())
 
 
 def from_mpi4py(comm):
     """tpnorm's MPI communicator over an ``mpi4py.MPI.Comm`` (collective over ``comm``)."""
-    return _C.mpi_communicator(comm.py2f())
+    return _registered(_C.mpi_communicator(comm.py2f()))
 
 
 def from_process_group(group=None):
@@ -39,7 +58,8 @@ def from_process_group(group=None):
     def all_reduce(capsule):
         dist.all_reduce(from_dlpack(capsule), group=group)
 
-    return _C.callback_communicator(dist.get_rank(group), dist.get_world_size(group), all_reduce)
+    return _registered(_C.callback_communicator(dist.get_rank(group), dist.get_world_size(group),
+                                                all_reduce))
 
 
 def from_nccl_group(group=None, device=None, stream=None):
@@ -65,7 +85,8 @@ def from_nccl_group(group=None, device=None, stream=None):
     global_rank = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
     src = 0 if group is dist.group.WORLD else global_rank(group, 0)
     dist.broadcast(buf, src=src, group=group)
-    return _C.nccl_communicator(bytes(buf.cpu().tolist()), rank, size, device, stream.cuda_stream)
+    return _registered(_C.nccl_communicator(bytes(buf.cpu().tolist()), rank, size, device,
+                                            stream.cuda_stream))
 
 
 def as_communicator(group=None):

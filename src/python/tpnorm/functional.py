@@ -1,10 +1,12 @@
 """Autograd functions and functional forms of tpnorm's ops.
 
-Each function takes ``comm`` (anything ``tpnorm.as_communicator`` accepts; a module keeps one)
-and makes exactly the collectives of the C++ call: ONE all_reduce_sum per forward and per
-backward (SyncBatchNorm in eval: none). Tensors cross into C++ through DLPack without a copy;
-inputs must be contiguous (row-major), outputs are allocated here. Saved statistics are
-float32. Every rank must make the same calls in the same order, backward included.
+The functional forms take torch.nn.functional's arguments in its order, then keyword-only
+``process_group`` (anything ``tpnorm.as_communicator`` accepts; None: the default
+torch.distributed group when one is initialised, else one process) and ``stats``. Each makes
+exactly the collectives of the C++ call: ONE all_reduce_sum per forward and per backward
+(SyncBatchNorm in eval: none). Tensors cross into C++ through DLPack without a copy; inputs
+must be contiguous (row-major), outputs are allocated here. Saved statistics are float32.
+Every rank must make the same calls in the same order, backward included.
 """
 import math
 
@@ -17,20 +19,30 @@ _STATS = {"robust": _C.Stats.ROBUST, "naive": _C.Stats.NAIVE, "exact": _C.Stats.
 _opts_cache = {}
 
 
-def norm_options(eps=1e-5, stats="robust", check_agreement=True, num_threads=0):
-    """A cached _C.NormOptions (building one per call would cost more than the lookup)."""
-    key = (float(eps), stats, bool(check_agreement), int(num_threads))
+def norm_options(eps=1e-5, stats="robust", hidden_size=0, check_agreement=True, num_threads=0):
+    """A cached _C.NormOptions (building one per call would cost more than the lookup);
+    hidden_size > 0: the size the ranks' slices must tile (row norms)."""
+    key = (eps, stats, hidden_size, check_agreement, num_threads)
     opt = _opts_cache.get(key)
     if opt is None:
-        opt = _C.NormOptions(eps=key[0], stats=_STATS[stats], check_agreement=key[2],
-                             num_threads=key[3])
+        opt = _C.NormOptions(eps=float(eps), stats=_STATS[stats], check_agreement=check_agreement,
+                             num_threads=num_threads, hidden_size=int(hidden_size))
         _opts_cache[key] = opt
     return opt
 
 
+# A DLPack capsule straight from torch's C++ export: Tensor.__dlpack__ refuses a tensor that
+# requires grad (so it would need a detach() first) and adds Python-level checks; together
+# those cost about as much as the C++ call itself on a small tensor. The capsule views the same
+# memory and records nothing for autograd. Without the private entry point: detach().
+_to_dlpack = getattr(torch._C, "_to_dlpack", None)
+
+
 def _d(t):
-    """The tensor DLPack may export: detached (torch refuses to export one requiring grad)."""
-    return None if t is None else t.detach()
+    """The tensor as the binding takes it (None stays None)."""
+    if t is None:
+        return None
+    return _to_dlpack(t) if _to_dlpack is not None else t.detach()
 
 
 def _empty(shape, like, dtype=None):
@@ -58,19 +70,38 @@ def _grads(like, weight, channels, has_bias, bias_dtype=None):
     return dx, dw, db
 
 
+def _row_norm_forward(comm, x, weight, bias, opt, centered):
+    """(y, mean, rstd) of LayerNorm (centered) or RMSNorm (mean: None) of hidden-sharded rows."""
+    rows = _rows(x)
+    y = _empty(x.shape, x)
+    rstd = _empty((rows,), x, torch.float32)
+    mean = _empty((rows,), x, torch.float32) if centered else None
+    if centered:
+        _C.layer_norm_forward(comm, _d(x), _d(weight), _d(bias), _d(y), _d(mean), _d(rstd),
+                              opt)
+    else:
+        _C.rms_norm_forward(comm, _d(x), _d(weight), _d(y), _d(rstd), opt)
+    return y, mean, rstd
+
+
+def _row_norm_backward(comm, dy, x, weight, mean, rstd, opt, centered, has_bias, bias_dtype):
+    """(dx, dweight, dbias) of _row_norm_forward (None for an absent parameter)."""
+    dx, dw, db = _grads(x, weight, x.shape[-1], has_bias, bias_dtype)
+    if centered:
+        _C.layer_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(mean), _d(rstd),
+                               _d(dx), _d(dw), _d(db), opt)
+    else:
+        _C.rms_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(rstd), _d(dx),
+                             _d(dw), opt)
+    return dx, dw, db
+
+
 class _RowNorm(torch.autograd.Function):
     """LayerNorm (centered) or RMSNorm over the hidden dimension sharded across comm."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, comm, opt, centered):
-        rows = _rows(x)
-        y = _empty(x.shape, x)
-        rstd = _empty((rows,), x, torch.float32)
-        mean = _empty((rows,), x, torch.float32) if centered else None
-        if centered:
-            _C.layer_norm_forward(comm, _d(x), _d(weight), _d(bias), y, mean, rstd, opt)
-        else:
-            _C.rms_norm_forward(comm, _d(x), _d(weight), y, rstd, opt)
+        y, mean, rstd = _row_norm_forward(comm, x, weight, bias, opt, centered)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.comm, ctx.opt, ctx.centered, ctx.has_bias = comm, opt, centered, bias is not None
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -79,25 +110,93 @@ class _RowNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _grads(x, weight, x.shape[-1], ctx.has_bias, ctx.bias_dtype)
-        if ctx.centered:
-            _C.layer_norm_backward(ctx.comm, _grad(dy, x), _d(x), _d(weight), mean, rstd, dx,
-                                   dw, db, ctx.opt)
-        else:
-            _C.rms_norm_backward(ctx.comm, _grad(dy, x), _d(x), _d(weight), rstd, dx, dw,
-                                 ctx.opt)
+        dx, dw, db = _row_norm_backward(ctx.comm, dy, x, weight, mean, rstd, ctx.opt,
+                                        ctx.centered, ctx.has_bias, ctx.bias_dtype)
         return dx, dw, db, None, None, None
 
 
-def layer_norm(x, weight=None, bias=None, eps=1e-5, comm=None, stats="robust"):
-    """LayerNorm of rows whose last dimension is sharded over ``comm`` (x: [..., hidden_local];
-    weight/bias: this rank's [hidden_local] slice). As F.layer_norm on the gathered rows."""
-    return _RowNorm.apply(x, weight, bias, as_communicator(comm), norm_options(eps, stats), True)
+def _row_shape(x, normalized_shape, eps):
+    """(hidden size, x and the parameters' flattening, eps) of a row norm over the trailing
+    dims normalized_shape (the last one sharded): rows are x's leading dims."""
+    k = len(normalized_shape)
+    hidden = math.prod(normalized_shape)
+    if eps is None:  # torch.nn.RMSNorm's default: the epsilon of its compute type
+        eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+    return k, hidden, float(eps)
 
 
-def rms_norm(x, weight=None, eps=1e-5, comm=None, stats="robust"):
-    """RMSNorm (y = x / sqrt(mean(x^2) + eps) * weight) of hidden-sharded rows."""
-    return _RowNorm.apply(x, weight, None, as_communicator(comm), norm_options(eps, stats), False)
+def _flat(t, k):
+    return t if t is None or k == 1 else t.flatten(-k)
+
+
+def _row_norm(x, normalized_shape, weight, bias, comm, eps, stats, centered, handle=None):
+    """The row norm through the torch.library op while torch.compile traces, else through
+    the autograd Function (``handle``: the module's, looked up when None)."""
+    k, hidden, eps = _row_shape(x, normalized_shape, eps)
+    shape, x = x.shape, _flat(x, k)
+    weight, bias = _flat(weight, k), _flat(bias, k)
+    if _lib.compiling():
+        h = _lib.comm_handle(comm) if handle is None else handle
+        y = _lib.row_norm(x, weight, bias, h, eps, stats, centered, hidden)[0]
+    else:
+        y = _RowNorm.apply(x, weight, bias, comm, norm_options(eps, stats, hidden), centered)
+    return y if k == 1 else y.view(shape)
+
+
+def _shape_arg(normalized_shape):
+    if isinstance(normalized_shape, int):
+        return (normalized_shape,)
+    return tuple(normalized_shape)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, process_group=None,
+               stats="robust"):
+    """F.layer_norm with the last dimension of ``normalized_shape`` (the full, unsharded
+    shape) sharded over ``process_group``: input is [..., *normalized_shape[:-1], local],
+    weight / bias this rank's slices of that shape. Every rank checks that the slices tile
+    normalized_shape[-1] (the same error on every rank otherwise)."""
+    return _row_norm(input, _shape_arg(normalized_shape), weight, bias,
+                     as_communicator(process_group), eps, stats, True)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None, *, process_group=None,
+             stats="robust"):
+    """F.rms_norm (y = x / sqrt(mean(x^2) + eps) * weight; eps None as torch's: the epsilon of
+    float32, the compute type of float32/float16/bfloat16) with normalized_shape's last
+    dimension sharded, as layer_norm."""
+    return _row_norm(input, _shape_arg(normalized_shape), weight, None,
+                     as_communicator(process_group), eps, stats, False)
+
+
+def _fused_add_norm_forward(comm, x, f, weight, bias, alpha, opt, centered):
+    """(h, y, mean, rstd): h = alpha*x + f and y = Norm(h) (mean: None for RMSNorm)."""
+    rows = _rows(x)
+    h, y = _empty(x.shape, x), _empty(x.shape, x)
+    rstd = _empty((rows,), x, torch.float32)
+    mean = _empty((rows,), x, torch.float32) if centered else None
+    if centered:
+        _C.fused_add_layer_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(bias), _d(h),
+                                        _d(y), _d(mean), _d(rstd), opt)
+    else:
+        _C.fused_add_rms_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(h), _d(y),
+                                      _d(rstd), opt)
+    return h, y, mean, rstd
+
+
+def _fused_add_norm_backward(comm, dh, dy, h, weight, mean, rstd, alpha, opt, centered,
+                             has_bias, bias_dtype):
+    """(dx, df, dweight, dbias) of _fused_add_norm_forward; dh (h's own gradient) may be None."""
+    dx, dw, db = _grads(h, weight, h.shape[-1], has_bias, bias_dtype)
+    df = _empty(h.shape, h)
+    dh = None if dh is None else dh.contiguous()
+    if centered:
+        _C.fused_add_layer_norm_backward(comm, _d(_grad(dy, h)), _d(dh), _d(h), _d(weight),
+                                         _d(mean), _d(rstd), alpha, _d(dx), _d(df), _d(dw),
+                                         _d(db), opt)
+    else:
+        _C.fused_add_rms_norm_backward(comm, _d(_grad(dy, h)), _d(dh), _d(h), _d(weight),
+                                       _d(rstd), alpha, _d(dx), _d(df), _d(dw), opt)
+    return dx, df, dw, db
 
 
 class _FusedAddNorm(torch.autograd.Function):
@@ -105,15 +204,8 @@ class _FusedAddNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, f, weight, bias, alpha, comm, opt, centered):
-        rows = _rows(x)
-        h, y = _empty(x.shape, x), _empty(x.shape, x)
-        rstd = _empty((rows,), x, torch.float32)
-        mean = _empty((rows,), x, torch.float32) if centered else None
-        if centered:
-            _C.fused_add_layer_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(bias), h,
-                                            y, mean, rstd, opt)
-        else:
-            _C.fused_add_rms_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), h, y, rstd, opt)
+        h, y, mean, rstd = _fused_add_norm_forward(comm, x, f, weight, bias, alpha, opt,
+                                                   centered)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(h, weight, mean, rstd)
         ctx.alpha, ctx.comm, ctx.opt, ctx.centered = alpha, comm, opt, centered
@@ -124,30 +216,43 @@ class _FusedAddNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh, dy):
         h, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _grads(h, weight, h.shape[-1], ctx.has_bias, ctx.bias_dtype)
-        df = _empty(h.shape, h)
-        dh = None if dh is None else dh.contiguous()
-        if ctx.centered:
-            _C.fused_add_layer_norm_backward(ctx.comm, _grad(dy, h), dh, _d(h), _d(weight), mean,
-                                             rstd, ctx.alpha, dx, df, dw, db, ctx.opt)
-        else:
-            _C.fused_add_rms_norm_backward(ctx.comm, _grad(dy, h), dh, _d(h), _d(weight), rstd,
-                                           ctx.alpha, dx, df, dw, ctx.opt)
+        dx, df, dw, db = _fused_add_norm_backward(ctx.comm, dh, dy, h, weight, mean, rstd,
+                                                  ctx.alpha, ctx.opt, ctx.centered,
+                                                  ctx.has_bias, ctx.bias_dtype)
         return dx, df, dw, db, None, None, None, None
 
 
-def fused_add_layer_norm(x, f, weight=None, bias=None, alpha=1.0, eps=1e-5, comm=None,
-                         stats="robust"):
-    """(h, y) with h = alpha*x + f (the new residual stream) and y = LayerNorm(h), in one pass
-    and one collective. alpha = 1: Pre-LN / Post-LN; DeepNorm: deepnorm_alpha(stack, N, M)."""
-    return _FusedAddNorm.apply(x, f, weight, bias, float(alpha), as_communicator(comm),
-                               norm_options(eps, stats), True)
+def _fused_add_norm(x, f, normalized_shape, weight, bias, alpha, comm, eps, stats, centered,
+                    handle=None):
+    """(h, y) as _row_norm dispatches."""
+    k, hidden, eps = _row_shape(x, normalized_shape, eps)
+    shape, x, f = x.shape, _flat(x, k), _flat(f, k)
+    weight, bias = _flat(weight, k), _flat(bias, k)
+    if _lib.compiling():
+        h = _lib.comm_handle(comm) if handle is None else handle
+        out = _lib.fused_add_norm(x, f, weight, bias, float(alpha), h, eps, stats, centered,
+                                  hidden)
+        h, y = out[0], out[1]
+    else:
+        h, y = _FusedAddNorm.apply(x, f, weight, bias, float(alpha), comm,
+                                   norm_options(eps, stats, hidden), centered)
+    return (h, y) if k == 1 else (h.view(shape), y.view(shape))
 
 
-def fused_add_rms_norm(x, f, weight=None, alpha=1.0, eps=1e-5, comm=None, stats="robust"):
-    """(h, y) with h = alpha*x + f and y = RMSNorm(h)."""
-    return _FusedAddNorm.apply(x, f, weight, None, float(alpha), as_communicator(comm),
-                               norm_options(eps, stats), False)
+def fused_add_layer_norm(x, f, normalized_shape, weight=None, bias=None, alpha=1.0, eps=1e-5, *,
+                         process_group=None, stats="robust"):
+    """(h, y) with h = alpha*x + f (the new residual stream) and y = layer_norm(h,
+    normalized_shape, weight, bias, eps), in one pass and one collective. alpha = 1: Pre-LN /
+    Post-LN; DeepNorm: deepnorm_alpha(stack, N, M)."""
+    return _fused_add_norm(x, f, _shape_arg(normalized_shape), weight, bias, alpha,
+                           as_communicator(process_group), eps, stats, True)
+
+
+def fused_add_rms_norm(x, f, normalized_shape, weight=None, alpha=1.0, eps=None, *,
+                       process_group=None, stats="robust"):
+    """(h, y) with h = alpha*x + f and y = rms_norm(h, normalized_shape, weight, eps)."""
+    return _fused_add_norm(x, f, _shape_arg(normalized_shape), weight, None, alpha,
+                           as_communicator(process_group), eps, stats, False)
 
 
 _STACKS = {"encoder_only": _C.DeepNormStack.ENCODER_ONLY,
@@ -169,17 +274,30 @@ def deepnorm_beta(stack, encoder_layers=0, decoder_layers=0):
     return _C.deepnorm_beta(_STACKS[stack], encoder_layers, decoder_layers)
 
 
+def _group_norm_forward(comm, x, weight, bias, cg, opt, instance):
+    """(y, mean, rstd) of GroupNorm / InstanceNorm on [N, C_local, *spatial]."""
+    groups = cg.channels if instance else cg.groups
+    y = _empty(x.shape, x)
+    mean = _empty((x.shape[0], groups), x, torch.float32)
+    rstd = _empty((x.shape[0], groups), x, torch.float32)
+    _C.group_norm_forward(comm, _d(x), cg, _d(weight), _d(bias), _d(y), _d(mean), _d(rstd), opt,
+                          instance)
+    return y, mean, rstd
+
+
+def _group_norm_backward(comm, dy, x, weight, mean, rstd, cg, opt, instance, has_bias):
+    dx, dw, db = _grads(x, weight, x.shape[1], has_bias)
+    _C.group_norm_backward(comm, _d(_grad(dy, x)), _d(x), cg, _d(weight), _d(mean), _d(rstd),
+                           _d(dx), _d(dw), _d(db), opt, instance)
+    return dx, dw, db
+
+
 class _GroupNorm(torch.autograd.Function):
     """GroupNorm / InstanceNorm on [N, C_local, *spatial], channels sharded over comm."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, cg, comm, opt, instance):
-        groups = cg.channels if instance else cg.groups
-        y = _empty(x.shape, x)
-        mean = _empty((x.shape[0], groups), x, torch.float32)
-        rstd = _empty((x.shape[0], groups), x, torch.float32)
-        _C.group_norm_forward(comm, _d(x), cg, _d(weight), _d(bias), y, mean, rstd, opt,
-                              instance)
+        y, mean, rstd = _group_norm_forward(comm, x, weight, bias, cg, opt, instance)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.cg, ctx.comm, ctx.opt, ctx.instance = cg, comm, opt, instance
         ctx.has_bias = bias is not None
@@ -188,9 +306,8 @@ class _GroupNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _grads(x, weight, x.shape[1], ctx.has_bias)
-        _C.group_norm_backward(ctx.comm, _grad(dy, x), _d(x), ctx.cg, _d(weight), mean, rstd,
-                               dx, dw, db, ctx.opt, ctx.instance)
+        dx, dw, db = _group_norm_backward(ctx.comm, dy, x, weight, mean, rstd, ctx.cg, ctx.opt,
+                                          ctx.instance, ctx.has_bias)
         return dx, dw, db, None, None, None, None
 
 
@@ -200,24 +317,38 @@ def shard_range(total, rank, size):
     return total * rank // size, total * (rank + 1) // size
 
 
-def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, comm=None, num_channels=None,
-               channel_offset=None, stats="robust"):
-    """F.group_norm over channels sharded across ``comm``: x is [N, C_local, *spatial] holding
-    channels [channel_offset, channel_offset + C_local) of ``num_channels``. Without
-    num_channels / channel_offset the split is shard_range(num_channels, rank, size) or, with
-    neither given, the unsharded C_local."""
-    comm = as_communicator(comm)
-    cg = _channel_groups(x, num_groups, comm, num_channels, channel_offset)
-    return _GroupNorm.apply(x, weight, bias, cg, comm, norm_options(eps, stats), False)
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, *, process_group=None,
+               num_channels=None, channel_offset=None, stats="robust"):
+    """F.group_norm over channels sharded across ``process_group``: input is
+    [N, C_local, *spatial] holding channels [channel_offset, channel_offset + C_local) of
+    ``num_channels``. Without channel_offset the split is shard_range(num_channels, rank,
+    size); without num_channels the channels are not sharded (C_local is all of them)."""
+    comm = as_communicator(process_group)
+    cg = _channel_groups(input, num_groups, comm, num_channels, channel_offset)
+    return _group_norm(input, weight, bias, cg, comm, eps, stats, False)
 
 
-def instance_norm(x, weight=None, bias=None, eps=1e-5, comm=None, num_channels=None,
-                  channel_offset=None, stats="robust"):
-    """F.instance_norm (batch statistics, no running statistics) with channels sharded as in
-    group_norm. One channel per group, so a group never spans ranks."""
-    comm = as_communicator(comm)
-    cg = _channel_groups(x, 1, comm, num_channels, channel_offset)
-    return _GroupNorm.apply(x, weight, bias, cg, comm, norm_options(eps, stats), True)
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats=True, momentum=0.1, eps=1e-5, *, process_group=None,
+                  num_channels=None, channel_offset=None, stats="robust"):
+    """F.instance_norm with channels sharded as in group_norm. Batch statistics only: running
+    statistics (or use_input_stats=False) are an error. One channel per group, so a group
+    never spans ranks."""
+    if running_mean is not None or running_var is not None or not use_input_stats:
+        raise ValueError("tpnorm.instance_norm keeps no running statistics: pass "
+                         "running_mean=None, running_var=None, use_input_stats=True")
+    comm = as_communicator(process_group)
+    cg = _channel_groups(input, 1, comm, num_channels, channel_offset)
+    return _group_norm(input, weight, bias, cg, comm, eps, stats, True)
+
+
+def _group_norm(x, weight, bias, cg, comm, eps, stats, instance, handle=None):
+    """GroupNorm / InstanceNorm as _row_norm dispatches; cg: (groups, channels, offset)."""
+    if _lib.compiling():
+        h = _lib.comm_handle(comm) if handle is None else handle
+        return _lib.group_norm(x, weight, bias, *cg, h, float(eps), stats, instance)[0]
+    cg = _C.ChannelGroups(groups=cg[0], channels=cg[1], channel_offset=cg[2])
+    return _GroupNorm.apply(x, weight, bias, cg, comm, norm_options(eps, stats), instance)
 
 
 def _channel_groups(x, groups, comm, channels, offset):
@@ -227,7 +358,44 @@ def _channel_groups(x, groups, comm, channels, offset):
         offset = shard_range(channels, comm.rank, comm.size)[0] if channels >= 0 else 0
     if channels >= 0 and comm.size == 1:
         offset = 0
-    return _C.ChannelGroups(groups=groups, channels=channels, channel_offset=offset)
+    return groups, channels, offset
+
+
+def _channels_last(x):
+    """Whether x runs channels-last: by the strides (stride 1 on C), not by is_contiguous(): an
+    empty batch is "contiguous" in every format, and every rank must choose the same layout."""
+    if x.dim() in (4, 5) and x.stride(1) == 1 and x.shape[1] > 1:
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        return x.is_contiguous(memory_format=fmt)
+    return False
+
+
+def _sync_batch_norm_forward(comm, x, weight, bias, running_mean, running_var, opt,
+                             channels_last):
+    """(y, save_mean, save_invstd); running statistics updated in place in training."""
+    C = x.shape[1]
+    xv = x.permute(0, *range(2, x.dim()), 1) if channels_last else x
+    y = torch.empty(xv.shape, dtype=x.dtype, device=x.device)
+    save_mean, save_invstd = _empty((C,), x, torch.float32), _empty((C,), x, torch.float32)
+    _C.sync_batch_norm_forward(comm, _d(xv), _d(weight), _d(bias), _d(running_mean),
+                               _d(running_var), _d(y), _d(save_mean), _d(save_invstd), opt)
+    if channels_last:
+        y = y.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
+    return y, save_mean, save_invstd
+
+
+def _sync_batch_norm_backward(comm, dy, x, weight, save_mean, save_invstd, opt, channels_last,
+                              has_bias, bias_dtype):
+    if channels_last:
+        to_last = (0, *range(2, x.dim()), 1)
+        x = x.permute(to_last)
+        dy = None if dy is None else dy.permute(to_last)
+    dx, dw, db = _grads(x, weight, x.shape[-1 if channels_last else 1], has_bias, bias_dtype)
+    _C.sync_batch_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(save_mean),
+                                _d(save_invstd), _d(dx), _d(dw), _d(db), opt)
+    if channels_last:
+        dx = dx.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
+    return dx, dw, db
 
 
 class _SyncBatchNorm(torch.autograd.Function):
@@ -235,42 +403,29 @@ class _SyncBatchNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, comm, opt, channels_last):
-        C = x.shape[1]
-        xv = x.permute(0, *range(2, x.dim()), 1) if channels_last else x
-        y = torch.empty(xv.shape, dtype=x.dtype, device=x.device)
-        save_mean, save_invstd = _empty((C,), x, torch.float32), _empty((C,), x, torch.float32)
-        _C.sync_batch_norm_forward(comm, _d(xv), _d(weight), _d(bias), running_mean, running_var,
-                                   y, save_mean, save_invstd, opt)
+        y, save_mean, save_invstd = _sync_batch_norm_forward(
+            comm, x, weight, bias, running_mean, running_var, opt, channels_last)
         ctx.save_for_backward(x, weight, save_mean, save_invstd)
         ctx.comm, ctx.opt, ctx.channels_last = comm, opt, channels_last
         ctx.has_bias = bias is not None
         ctx.bias_dtype = None if bias is None else bias.dtype  # fp32 next to fp16/bf16 x too
-        if channels_last:
-            y = y.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, save_mean, save_invstd = ctx.saved_tensors
-        if ctx.channels_last:
-            to_last = (0, *range(2, x.dim()), 1)
-            x = x.permute(to_last)
-            dy = None if dy is None else dy.permute(to_last)
-        dx, dw, db = _grads(x, weight, x.shape[-1 if ctx.channels_last else 1], ctx.has_bias,
-                            ctx.bias_dtype)
-        _C.sync_batch_norm_backward(ctx.comm, _grad(dy, x), _d(x), _d(weight), save_mean,
-                                    save_invstd, dx, dw, db, ctx.opt)
-        if ctx.channels_last:
-            dx = dx.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
+        dx, dw, db = _sync_batch_norm_backward(ctx.comm, dy, x, weight, save_mean, save_invstd,
+                                               ctx.opt, ctx.channels_last, ctx.has_bias,
+                                               ctx.bias_dtype)
         return dx, dw, db, None, None, None, None, None
 
 
 _LAYOUT = {False: _C.Layout.NCHW, True: _C.Layout.CHANNELS_LAST}
 
 
-def sync_batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
-                    momentum=0.1, eps=1e-5, comm=None, stats="robust"):
-    """F.batch_norm with statistics over the batch of every rank of ``comm``.
+def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+                    momentum=0.1, eps=1e-5, *, process_group=None, stats="robust", handle=None):
+    """F.batch_norm with statistics over the batch of every rank of ``process_group``.
 
     running_mean / running_var: float32 [C] buffers updated in place in training (or None).
     weight / bias: x's dtype, or float32 next to a float16/bfloat16 x (mixed precision, CPU).
@@ -278,16 +433,23 @@ def sync_batch_norm(x, running_mean, running_var, weight=None, bias=None, traini
     Training with running statistics absent, or eval without them, uses batch statistics.
     A 4-D/5-D x in torch.channels_last(_3d) memory format (stride 1 on C) runs channels-last.
     """
-    comm = as_communicator(comm)
-    # Channels-last by the strides (stride 1 on C), not by is_contiguous(): an empty batch is
-    # "contiguous" in every format, and every rank must choose the same layout.
-    channels_last = False
-    if x.dim() in (4, 5) and x.stride(1) == 1 and x.shape[1] > 1:
-        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-        channels_last = x.is_contiguous(memory_format=fmt)
+    x, comm = input, as_communicator(process_group)
     bn_training = training or running_mean is None
-    opt = _C.BatchNormOptions(eps=eps, momentum=math.nan if momentum is None else momentum,
+    momentum = math.nan if momentum is None else float(momentum)
+    if _lib.compiling():
+        h = _lib.comm_handle(comm) if handle is None else handle
+        y, _, _, rm, rv = _lib.sync_batch_norm(x, weight, bias, running_mean, running_var, h,
+                                               bn_training, momentum, float(eps), stats)
+        if training and running_mean is not None:
+            running_mean.copy_(rm)
+            running_var.copy_(rv)
+        return y
+    channels_last = _channels_last(x)
+    opt = _C.BatchNormOptions(eps=eps, momentum=momentum,
                               training=bn_training, layout=_LAYOUT[channels_last],
                               stats=_STATS[stats])
     return _SyncBatchNorm.apply(x, weight, bias, running_mean, running_var, comm, opt,
                                 channels_last)
+
+
+from . import library as _lib  # noqa: E402 (the ops call back into this module)

@@ -1,11 +1,27 @@
-"""torch.library registration for torch.compile (torch >= 2.4 only; torch 1.13 has neither
-torch.compile nor torch.library.custom_op, and then this module registers nothing).
+"""tpnorm's ops as torch.library custom ops, for torch.compile (torch >= 2.4; with an older
+torch, e.g. 1.13, nothing is registered and AVAILABLE is False).
 
-The ops tpnorm::layer_norm and tpnorm::rms_norm take the communicator as an integer handle
-(tensors and scalars only may cross a custom op) and have fake implementations (shapes only)
-and registered autograd, so torch.compile(fullgraph=True) traces a model that calls
-layer_norm_op / rms_norm_op. The handle table keeps each communicator alive.
+Ops (namespace ``tpnorm``), each with a fake implementation (shapes only) and, for the
+forward ones, registered autograd whose backward is the matching ``*_backward`` op:
+
+  tpnorm::row_norm(x, weight?, bias?, handle, eps, stats, centered, hidden_size)
+      -> (y, mean, rstd)
+  tpnorm::fused_add_norm(x, f, weight?, bias?, alpha, handle, eps, stats, centered,
+      hidden_size) -> (h, y, mean, rstd)
+  tpnorm::group_norm(x, weight?, bias?, groups, channels, channel_offset, handle, eps, stats,
+      instance) -> (y, mean, rstd)
+  tpnorm::sync_batch_norm(x, weight?, bias?, running_mean?, running_var?, handle, training,
+      momentum, eps, stats) -> (y, save_mean, save_invstd, new running_mean, new running_var)
+
+and row_norm_backward, fused_add_norm_backward, group_norm_backward, sync_batch_norm_backward.
+An op's statistic it does not compute (RMSNorm's mean) and an absent parameter's gradient are
+empty tensors. A communicator crosses as an integer ``handle`` (comm_handle): custom ops take
+tensors and scalars only. The modules and functional forms of tpnorm call these ops while
+torch.compile traces them and the autograd Functions of tpnorm.functional in eager mode (the
+same C++ calls; the custom-op dispatch would only add per-call cost there).
 """
+from typing import Optional, Tuple
+
 import torch
 
 from . import _tpnorm as _C
@@ -15,88 +31,219 @@ _version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 AVAILABLE = _version >= (2, 4) and hasattr(torch.library, "custom_op")
 REASON = None if AVAILABLE else f"torch {torch.__version__} < 2.4 has no torch.library.custom_op"
 
-_comms = []
+from .comm import _comms
+from .comm import handle_of as comm_handle  # noqa: F401 - the ops' communicator argument
 
 
-def comm_handle(comm):
-    """The integer handle of ``comm`` for the ops below (registered once)."""
-    for i, c in enumerate(_comms):
-        if c is comm:
-            return i
-    _comms.append(comm)
-    return len(_comms) - 1
+def compiling():
+    """True while torch.compile traces the caller (then the custom ops must be called)."""
+    return AVAILABLE and torch.compiler.is_compiling()
 
+
+def _absent(like):
+    """The empty tensor an op returns for an output it does not compute."""
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+Tensor = torch.Tensor
+OptTensor = Optional[torch.Tensor]
 
 if AVAILABLE:
-    @torch.library.custom_op("tpnorm::row_norm_fwd", mutates_args=())
-    def _row_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, handle: int,
-                      eps: float, centered: bool) -> tuple[torch.Tensor, torch.Tensor,
-                                                           torch.Tensor]:
-        rows = F._rows(x)
-        y = F._empty(x.shape, x)
-        mean = F._empty((rows,), x, torch.float32)
-        rstd = F._empty((rows,), x, torch.float32)
-        opt = F.norm_options(eps)
-        b = bias if bias.numel() else None
-        if centered:
-            _C.layer_norm_forward(_comms[handle], x, weight, b, y, mean, rstd, opt)
-        else:
-            _C.rms_norm_forward(_comms[handle], x, weight, y, rstd, opt)
-            mean.zero_()
-        return y, mean, rstd
+    # --- LayerNorm / RMSNorm -----------------------------------------------------------------
+    @torch.library.custom_op("tpnorm::row_norm", mutates_args=())
+    def row_norm(x: Tensor, weight: OptTensor, bias: OptTensor, handle: int, eps: float,
+                 stats: str, centered: bool, hidden_size: int) -> Tuple[Tensor, Tensor, Tensor]:
+        y, mean, rstd = F._row_norm_forward(_comms[handle], x, weight, bias,
+                                            F.norm_options(eps, stats, hidden_size), centered)
+        return y, (_absent(x) if mean is None else mean), rstd
 
-    @_row_norm_fwd.register_fake
-    def _(x, weight, bias, handle, eps, centered):
+    @row_norm.register_fake
+    def _(x, weight, bias, handle, eps, stats, centered, hidden_size):
         rows = F._rows(x)
-        return (torch.empty_like(x), x.new_empty((rows,), dtype=torch.float32),
+        mean = x.new_empty((rows,), dtype=torch.float32) if centered else _absent(x)
+        return torch.empty_like(x), mean, x.new_empty((rows,), dtype=torch.float32)
+
+    @torch.library.custom_op("tpnorm::row_norm_backward", mutates_args=())
+    def row_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
+                          mean: Tensor, rstd: Tensor, handle: int, eps: float, stats: str,
+                          centered: bool, hidden_size: int) -> Tuple[Tensor, Tensor, Tensor]:
+        dx, dw, db = F._row_norm_backward(
+            _comms[handle], dy, x, weight, mean if centered else None, rstd,
+            F.norm_options(eps, stats, hidden_size), centered, bias is not None,
+            None if bias is None else bias.dtype)
+        return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
+
+    @row_norm_backward.register_fake
+    def _(dy, x, weight, bias, mean, rstd, handle, eps, stats, centered, hidden_size):
+        return (torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight),
+                _absent(x) if bias is None else torch.empty_like(bias))
+
+    def _row_setup(ctx, inputs, output):
+        x, weight, bias = inputs[:3]
+        _, mean, rstd = output
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.args = inputs[3:]
+
+    def _row_backward(ctx, dy, dmean, drstd):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dw, db = row_norm_backward(dy, x, weight, bias, mean, rstd, *ctx.args)
+        return (dx, None if weight is None else dw, None if bias is None else db) + \
+            (None,) * 5
+
+    row_norm.register_autograd(_row_backward, setup_context=_row_setup)
+
+    # --- fused residual add + LayerNorm / RMSNorm -------------------------------------------
+    @torch.library.custom_op("tpnorm::fused_add_norm", mutates_args=())
+    def fused_add_norm(x: Tensor, f: Tensor, weight: OptTensor, bias: OptTensor, alpha: float,
+                       handle: int, eps: float, stats: str, centered: bool,
+                       hidden_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        h, y, mean, rstd = F._fused_add_norm_forward(_comms[handle], x, f, weight, bias, alpha,
+                                                     F.norm_options(eps, stats, hidden_size),
+                                                     centered)
+        return h, y, (_absent(x) if mean is None else mean), rstd
+
+    @fused_add_norm.register_fake
+    def _(x, f, weight, bias, alpha, handle, eps, stats, centered, hidden_size):
+        rows = F._rows(x)
+        mean = x.new_empty((rows,), dtype=torch.float32) if centered else _absent(x)
+        return (torch.empty_like(x), torch.empty_like(x), mean,
                 x.new_empty((rows,), dtype=torch.float32))
 
-    @torch.library.custom_op("tpnorm::row_norm_bwd", mutates_args=())
-    def _row_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                      mean: torch.Tensor, rstd: torch.Tensor, handle: int, eps: float,
-                      centered: bool, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor,
-                                                               torch.Tensor]:
-        dx = F._empty(x.shape, x)
-        dw = F._empty(weight.shape, weight)
-        db = F._empty(weight.shape, weight) if has_bias else weight.new_empty((0,))
-        opt = F.norm_options(eps)
-        if centered:
-            _C.layer_norm_backward(_comms[handle], dy.contiguous(), x, weight, mean, rstd, dx,
-                                   dw, db if has_bias else None, opt)
-        else:
-            _C.rms_norm_backward(_comms[handle], dy.contiguous(), x, weight, rstd, dx, dw, opt)
-        return dx, dw, db
+    @torch.library.custom_op("tpnorm::fused_add_norm_backward", mutates_args=())
+    def fused_add_norm_backward(dh: OptTensor, dy: Tensor, h: Tensor, weight: OptTensor,
+                                bias: OptTensor, mean: Tensor, rstd: Tensor, alpha: float,
+                                handle: int, eps: float, stats: str, centered: bool,
+                                hidden_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        dx, df, dw, db = F._fused_add_norm_backward(
+            _comms[handle], dh, dy, h, weight, mean if centered else None, rstd, alpha,
+            F.norm_options(eps, stats, hidden_size), centered, bias is not None,
+            None if bias is None else bias.dtype)
+        return dx, df, (_absent(h) if dw is None else dw), (_absent(h) if db is None else db)
 
-    @_row_norm_bwd.register_fake
-    def _(dy, x, weight, mean, rstd, handle, eps, centered, has_bias):
-        return (torch.empty_like(x), torch.empty_like(weight),
-                torch.empty_like(weight) if has_bias else weight.new_empty((0,)))
+    @fused_add_norm_backward.register_fake
+    def _(dh, dy, h, weight, bias, mean, rstd, alpha, handle, eps, stats, centered,
+          hidden_size):
+        return (torch.empty_like(h), torch.empty_like(h),
+                _absent(h) if weight is None else torch.empty_like(weight),
+                _absent(h) if bias is None else torch.empty_like(bias))
 
-    def _setup(ctx, inputs, output):
-        x, weight, bias, handle, eps, centered = inputs
+    def _fused_setup(ctx, inputs, output):
+        weight, bias = inputs[2:4]
+        h, _, mean, rstd = output
+        ctx.save_for_backward(h, weight, bias, mean, rstd)
+        ctx.args = inputs[4:]
+
+    def _fused_backward(ctx, dh, dy, dmean, drstd):
+        h, weight, bias, mean, rstd = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros_like(h)
+        dx, df, dw, db = fused_add_norm_backward(dh, dy, h, weight, bias, mean, rstd, *ctx.args)
+        return (dx, df, None if weight is None else dw, None if bias is None else db) + \
+            (None,) * 6
+
+    fused_add_norm.register_autograd(_fused_backward, setup_context=_fused_setup)
+
+    # --- GroupNorm / InstanceNorm -----------------------------------------------------------
+    @torch.library.custom_op("tpnorm::group_norm", mutates_args=())
+    def group_norm(x: Tensor, weight: OptTensor, bias: OptTensor, groups: int, channels: int,
+                   channel_offset: int, handle: int, eps: float, stats: str,
+                   instance: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        cg = _C.ChannelGroups(groups=groups, channels=channels, channel_offset=channel_offset)
+        return F._group_norm_forward(_comms[handle], x, weight, bias, cg,
+                                     F.norm_options(eps, stats), instance)
+
+    @group_norm.register_fake
+    def _(x, weight, bias, groups, channels, channel_offset, handle, eps, stats, instance):
+        g = channels if instance else groups
+        return (torch.empty_like(x), x.new_empty((x.shape[0], g), dtype=torch.float32),
+                x.new_empty((x.shape[0], g), dtype=torch.float32))
+
+    @torch.library.custom_op("tpnorm::group_norm_backward", mutates_args=())
+    def group_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
+                            mean: Tensor, rstd: Tensor, groups: int, channels: int,
+                            channel_offset: int, handle: int, eps: float, stats: str,
+                            instance: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        cg = _C.ChannelGroups(groups=groups, channels=channels, channel_offset=channel_offset)
+        dx, dw, db = F._group_norm_backward(_comms[handle], dy, x, weight, mean, rstd, cg,
+                                            F.norm_options(eps, stats), instance,
+                                            bias is not None)
+        return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
+
+    @group_norm_backward.register_fake
+    def _(dy, x, weight, bias, mean, rstd, groups, channels, channel_offset, handle, eps, stats,
+          instance):
+        return (torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight),
+                _absent(x) if bias is None else x.new_empty((x.shape[1],)))
+
+    def _group_setup(ctx, inputs, output):
+        x, weight, bias = inputs[:3]
         _, mean, rstd = output
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.handle, ctx.eps, ctx.centered, ctx.has_bias = handle, eps, centered, bias.numel() > 0
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.args = inputs[3:]
 
-    def _backward(ctx, dy, dmean, drstd):
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _row_norm_bwd(dy, x, weight, mean, rstd, ctx.handle, ctx.eps,
-                                   ctx.centered, ctx.has_bias)
-        return dx, dw, (db if ctx.has_bias else None), None, None, None
+    def _group_backward(ctx, dy, dmean, drstd):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dw, db = group_norm_backward(dy, x, weight, bias, mean, rstd, *ctx.args)
+        return (dx, None if weight is None else dw, None if bias is None else db) + \
+            (None,) * 7
 
-    _row_norm_fwd.register_autograd(_backward, setup_context=_setup)
+    group_norm.register_autograd(_group_backward, setup_context=_group_setup)
 
+    # --- SyncBatchNorm ----------------------------------------------------------------------
+    def _bn_options(x, training, momentum, eps, stats):
+        return _C.BatchNormOptions(eps=eps, momentum=momentum, training=training,
+                                   layout=F._LAYOUT[F._channels_last(x)],
+                                   stats=F._STATS[stats])
 
-def layer_norm_op(x, weight, bias, handle, eps=1e-5):
-    """tpnorm::row_norm_fwd as LayerNorm (weight required; bias may be None)."""
-    if not AVAILABLE:
-        raise RuntimeError(f"tpnorm.library: {REASON}")
-    b = bias if bias is not None else weight.new_empty((0,))
-    return _row_norm_fwd(x, weight, b, handle, eps, True)[0]
+    # Functional (autograd needs it): the updated running statistics are returned, and the
+    # caller copies them into its buffers; on failure nothing is returned to copy.
+    @torch.library.custom_op("tpnorm::sync_batch_norm", mutates_args=())
+    def sync_batch_norm(x: Tensor, weight: OptTensor, bias: OptTensor, running_mean: OptTensor,
+                        running_var: OptTensor, handle: int, training: bool, momentum: float,
+                        eps: float, stats: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        opt = _bn_options(x, training, momentum, eps, stats)
+        rm = _absent(x) if running_mean is None else running_mean.clone()
+        rv = _absent(x) if running_var is None else running_var.clone()
+        y, save_mean, save_invstd = F._sync_batch_norm_forward(
+            _comms[handle], x, weight, bias, None if running_mean is None else rm,
+            None if running_var is None else rv, opt, F._channels_last(x))
+        return y, save_mean, save_invstd, rm, rv
 
+    @sync_batch_norm.register_fake
+    def _(x, weight, bias, running_mean, running_var, handle, training, momentum, eps, stats):
+        C = x.shape[1]
+        return (torch.empty_like(x), x.new_empty((C,), dtype=torch.float32),
+                x.new_empty((C,), dtype=torch.float32),
+                _absent(x) if running_mean is None else torch.empty_like(running_mean),
+                _absent(x) if running_var is None else torch.empty_like(running_var))
 
-def rms_norm_op(x, weight, handle, eps=1e-5):
-    """tpnorm::row_norm_fwd as RMSNorm (weight required)."""
-    if not AVAILABLE:
-        raise RuntimeError(f"tpnorm.library: {REASON}")
-    return _row_norm_fwd(x, weight, weight.new_empty((0,)), handle, eps, False)[0]
+    @torch.library.custom_op("tpnorm::sync_batch_norm_backward", mutates_args=())
+    def sync_batch_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
+                                 save_mean: Tensor, save_invstd: Tensor, handle: int,
+                                 training: bool, momentum: float, eps: float,
+                                 stats: str) -> Tuple[Tensor, Tensor, Tensor]:
+        opt = _bn_options(x, training, momentum, eps, stats)
+        dx, dw, db = F._sync_batch_norm_backward(
+            _comms[handle], dy, x, weight, save_mean, save_invstd, opt, F._channels_last(x),
+            bias is not None, None if bias is None else bias.dtype)
+        return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
+
+    @sync_batch_norm_backward.register_fake
+    def _(dy, x, weight, bias, save_mean, save_invstd, handle, training, momentum, eps, stats):
+        return (torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight),
+                _absent(x) if bias is None else torch.empty_like(bias))
+
+    def _bn_setup(ctx, inputs, output):
+        x, weight, bias = inputs[:3]
+        save_mean, save_invstd = output[1:3]
+        ctx.save_for_backward(x, weight, bias, save_mean, save_invstd)
+        ctx.args = inputs[5:]
+
+    def _bn_backward(ctx, dy, dmean, dinvstd, drunning_mean, drunning_var):
+        x, weight, bias, save_mean, save_invstd = ctx.saved_tensors
+        dx, dw, db = sync_batch_norm_backward(dy, x, weight, bias, save_mean, save_invstd,
+                                              *ctx.args)
+        return (dx, None if weight is None else dw, None if bias is None else db) + \
+            (None,) * 7
+
+    sync_batch_norm.register_autograd(_bn_backward, setup_context=_bn_setup)

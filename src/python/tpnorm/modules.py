@@ -1,15 +1,21 @@
 """torch.nn modules over tpnorm's ops (parameters are nn.Parameter, statistics are buffers).
 
-Sharded modules (ShardedLayerNorm, ShardedRMSNorm, FusedAddLayerNorm, FusedAddRMSNorm,
-ShardedGroupNorm, ShardedInstanceNorm) hold THIS rank's slice of the parameters: of hidden
-size H over P ranks, rank r holds columns shard_range(H, r, P) unless ``local_size`` says
-otherwise (any split works as long as the slices tile H in rank order). SyncBatchNorm is the
-data-parallel one: full [C] parameters on every rank, statistics over every rank's batch.
+Signatures are torch.nn's (ShardedLayerNorm as nn.LayerNorm, ShardedRMSNorm as nn.RMSNorm,
+ShardedGroupNorm as nn.GroupNorm, ShardedInstanceNorm as nn.InstanceNorm2d, SyncBatchNorm as
+nn.SyncBatchNorm), with keyword-only additions: ``process_group`` (anything
+tpnorm.as_communicator accepts; None is the default torch.distributed group when one is
+initialised, else one process) and the shard's size.
+
+Sharded modules hold THIS rank's slice of the parameters: of hidden size H over P ranks, rank r
+holds columns shard_range(H, r, P) unless ``local_size`` says otherwise (any split works as
+long as the slices tile H in rank order; the op checks that on every rank). SyncBatchNorm is
+the data-parallel one: full [C] parameters on every rank, statistics over every rank's batch.
 """
 import torch
 from torch import nn
 
 from . import functional as F
+from . import library
 from .comm import as_communicator
 
 
@@ -17,64 +23,102 @@ class _CommHolder:
     """A module keeping a tpnorm communicator: not copied by deepcopy/pickle (made again on
     first use from the stored group, which every copy shares)."""
 
+    _handle = None  # the communicator's torch.library handle (library.comm_handle)
+
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_comm"] = None
+        state["_comm"], state["_handle"] = None, None
         return state
 
     @property
     def comm(self):
         if self._comm is None:
             self._comm = as_communicator(self.process_group)
+            if library.AVAILABLE:
+                self._handle = library.comm_handle(self._comm)
         return self._comm
 
 
+def _shape(normalized_shape):
+    if isinstance(normalized_shape, int):
+        return (normalized_shape,)
+    return tuple(int(d) for d in normalized_shape)
+
+
 class _ShardedRowNorm(_CommHolder, nn.Module):
-    def __init__(self, hidden_size, group, eps, affine, bias, local_size, device, dtype):
+    """normalized_shape as nn.LayerNorm's (int or tuple), its last dimension sharded: this
+    rank holds local_size of its normalized_shape[-1] columns, by default
+    shard_range(normalized_shape[-1], rank, size) (then ``shard`` is (start, stop); with an
+    explicit local_size it is None). The op checks on every rank that the slices tile it."""
+
+    def __init__(self, normalized_shape, eps, elementwise_affine, bias, device, dtype,
+                 process_group, local_size):
         super().__init__()
-        self.process_group, self._comm = group, None
-        rank, size = self.comm.rank, self.comm.size
+        self.normalized_shape = _shape(normalized_shape)
+        if not self.normalized_shape:
+            raise ValueError("normalized_shape must have at least one dimension")
+        self.process_group, self._comm = process_group, None
+        H = self.normalized_shape[-1]
         if local_size is None:
-            self.shard = F.shard_range(hidden_size, rank, size)
+            self.shard = F.shard_range(H, self.comm.rank, self.comm.size)
+            local_size = self.shard[1] - self.shard[0]
         else:
-            self.shard = (None, None)
-        self.hidden_size = hidden_size
-        self.local_size = local_size if local_size is not None else self.shard[1] - self.shard[0]
-        self.eps = eps
+            self.shard = None
+            self.comm  # noqa: B018 - the communicator (and its handle) from construction on
+        self.local_size = int(local_size)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        shape = self.normalized_shape[:-1] + (self.local_size,)
         kw = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.ones(self.local_size, **kw)) if affine else None
-        self.bias = nn.Parameter(torch.zeros(self.local_size, **kw)) if affine and bias else None
+        self.weight = nn.Parameter(torch.empty(shape, **kw)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.empty(shape, **kw)) if elementwise_affine and bias \
+            else None
+        self.reset_parameters()
+
+    @property
+    def hidden_size(self):
+        """The full (unsharded) size of the sharded dimension."""
+        return self.normalized_shape[-1]
+
+    def reset_parameters(self):
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def extra_repr(self):
-        return (f"hidden_size={self.hidden_size}, local_size={self.local_size}, "
-                f"shard={self.shard}, eps={self.eps}")
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}, local_size={self.local_size}, "
+                f"shard={self.shard}")
 
 
 class ShardedLayerNorm(_ShardedRowNorm):
-    """nn.LayerNorm(hidden_size) over the last dimension, sharded across ``group``: forward
-    takes x [..., local_size] (this rank's columns) and returns this rank's columns of
-    LayerNorm of the gathered rows, with one collective per forward and per backward."""
+    """nn.LayerNorm(normalized_shape) with the last dimension of normalized_shape sharded
+    across ``process_group``: forward takes x [..., *normalized_shape[:-1], local_size] (this
+    rank's columns) and returns this rank's columns of LayerNorm of the gathered rows, with one
+    collective per forward and per backward. weight and bias are this rank's slices."""
 
-    def __init__(self, hidden_size, group=None, eps=1e-5, elementwise_affine=True, bias=True,
-                 local_size=None, device=None, dtype=None):
-        super().__init__(hidden_size, group, eps, elementwise_affine, bias, local_size, device,
-                         dtype)
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
+                 device=None, dtype=None, *, process_group=None, local_size=None):
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype,
+                         process_group, local_size)
 
     def forward(self, x):
-        return F._RowNorm.apply(x, self.weight, self.bias, self.comm, F.norm_options(self.eps),
-                                True)
+        return F._row_norm(x, self.normalized_shape, self.weight, self.bias, self.comm,
+                           self.eps, "robust", True, self._handle)
 
 
 class ShardedRMSNorm(_ShardedRowNorm):
-    """RMSNorm (x / sqrt(mean(x^2) + eps) * weight, no bias) sharded as ShardedLayerNorm."""
+    """nn.RMSNorm (x / sqrt(mean(x^2) + eps) * weight, no bias; eps None is torch's default,
+    torch.finfo(torch.float32).eps for float32/float16/bfloat16) sharded as ShardedLayerNorm."""
 
-    def __init__(self, hidden_size, group=None, eps=1e-5, elementwise_affine=True,
-                 local_size=None, device=None, dtype=None):
-        super().__init__(hidden_size, group, eps, elementwise_affine, False, local_size, device,
-                         dtype)
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
+                 dtype=None, *, process_group=None, local_size=None):
+        super().__init__(normalized_shape, eps, elementwise_affine, False, device, dtype,
+                         process_group, local_size)
 
     def forward(self, x):
-        return F._RowNorm.apply(x, self.weight, None, self.comm, F.norm_options(self.eps), False)
+        return F._row_norm(x, self.normalized_shape, self.weight, None, self.comm, self.eps,
+                           "robust", False, self._handle)
 
 
 class FusedAddLayerNorm(_ShardedRowNorm):
@@ -85,74 +129,94 @@ class FusedAddLayerNorm(_ShardedRowNorm):
     Post-LN: y is the block output (alpha 1). DeepNorm: alpha = deepnorm_alpha(stack, N, M).
     """
 
-    def __init__(self, hidden_size, group=None, alpha=1.0, eps=1e-5, elementwise_affine=True,
-                 bias=True, local_size=None, device=None, dtype=None):
-        super().__init__(hidden_size, group, eps, elementwise_affine, bias, local_size, device,
-                         dtype)
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
+                 device=None, dtype=None, *, alpha=1.0, process_group=None, local_size=None):
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype,
+                         process_group, local_size)
         self.alpha = float(alpha)
 
     def forward(self, x, f):
-        return F._FusedAddNorm.apply(x, f, self.weight, self.bias, self.alpha, self.comm,
-                                     F.norm_options(self.eps), True)
+        return F._fused_add_norm(x, f, self.normalized_shape, self.weight, self.bias,
+                                 self.alpha, self.comm, self.eps, "robust", True, self._handle)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", alpha={self.alpha}"
 
 
 class FusedAddRMSNorm(_ShardedRowNorm):
     """FusedAddLayerNorm with RMSNorm: forward(x, f) -> (h, RMSNorm(h))."""
 
-    def __init__(self, hidden_size, group=None, alpha=1.0, eps=1e-5, elementwise_affine=True,
-                 local_size=None, device=None, dtype=None):
-        super().__init__(hidden_size, group, eps, elementwise_affine, False, local_size, device,
-                         dtype)
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
+                 dtype=None, *, alpha=1.0, process_group=None, local_size=None):
+        super().__init__(normalized_shape, eps, elementwise_affine, False, device, dtype,
+                         process_group, local_size)
         self.alpha = float(alpha)
 
     def forward(self, x, f):
-        return F._FusedAddNorm.apply(x, f, self.weight, None, self.alpha, self.comm,
-                                     F.norm_options(self.eps), False)
+        return F._fused_add_norm(x, f, self.normalized_shape, self.weight, None, self.alpha,
+                                 self.comm, self.eps, "robust", False, self._handle)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", alpha={self.alpha}"
 
 
 class _ShardedChannelNorm(_CommHolder, nn.Module):
-    def __init__(self, num_groups, num_channels, group, eps, affine, local_channels,
-                 channel_offset, device, dtype, instance):
+    def __init__(self, num_groups, num_channels, eps, affine, device, dtype, process_group,
+                 local_channels, channel_offset, instance):
         super().__init__()
-        self.process_group, self._comm = group, None
+        self.process_group, self._comm = process_group, None
         start, stop = F.shard_range(num_channels, self.comm.rank, self.comm.size)
         if local_channels is not None:
             start, stop = channel_offset, channel_offset + local_channels
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
+        self.affine = affine
         self.shard, self.instance = (start, stop), instance
         kw = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.ones(stop - start, **kw)) if affine else None
-        self.bias = nn.Parameter(torch.zeros(stop - start, **kw)) if affine else None
+        self.weight = nn.Parameter(torch.empty(stop - start, **kw)) if affine else None
+        self.bias = nn.Parameter(torch.empty(stop - start, **kw)) if affine else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.affine:
+            nn.init.ones_(self.weight)
+            nn.init.zeros_(self.bias)
 
     def forward(self, x):
-        cg = F._C.ChannelGroups(groups=self.num_groups, channels=self.num_channels,
-                                channel_offset=self.shard[0])
-        return F._GroupNorm.apply(x, self.weight, self.bias, cg, self.comm,
-                                  F.norm_options(self.eps), self.instance)
+        cg = (self.num_groups, self.num_channels, self.shard[0])
+        return F._group_norm(x, self.weight, self.bias, cg, self.comm, self.eps, "robust",
+                             self.instance, self._handle)
 
     def extra_repr(self):
-        return (f"num_groups={self.num_groups}, num_channels={self.num_channels}, "
-                f"shard={self.shard}, eps={self.eps}")
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, "
+                f"affine={self.affine}, shard={self.shard}")
 
 
 class ShardedGroupNorm(_ShardedChannelNorm):
-    """nn.GroupNorm(num_groups, num_channels) with the channels sharded across ``group``:
-    forward takes [N, C_local, *spatial] (this rank's channels); a group may span ranks."""
+    """nn.GroupNorm(num_groups, num_channels) with the channels sharded across
+    ``process_group``: forward takes [N, C_local, *spatial] (this rank's channels, by default
+    shard_range(num_channels, rank, size), or local_channels from channel_offset); a group may
+    span ranks."""
 
-    def __init__(self, num_groups, num_channels, group=None, eps=1e-5, affine=True,
-                 local_channels=None, channel_offset=0, device=None, dtype=None):
-        super().__init__(num_groups, num_channels, group, eps, affine, local_channels,
-                         channel_offset, device, dtype, False)
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None,
+                 dtype=None, *, process_group=None, local_channels=None, channel_offset=0):
+        super().__init__(num_groups, num_channels, eps, affine, device, dtype, process_group,
+                         local_channels, channel_offset, False)
 
 
 class ShardedInstanceNorm(_ShardedChannelNorm):
-    """nn.InstanceNorm{1,2,3}d(num_features) (batch statistics only: no running statistics)
-    on channel-sharded input, as ShardedGroupNorm."""
+    """nn.InstanceNorm{1,2,3}d(num_features) on channel-sharded input, as ShardedGroupNorm.
+    Batch statistics only: track_running_stats=True is an error (momentum is accepted for the
+    signature and unused, as torch's without running statistics)."""
 
-    def __init__(self, num_features, group=None, eps=1e-5, affine=False, local_channels=None,
-                 channel_offset=0, device=None, dtype=None):
-        super().__init__(num_features, num_features, group, eps, affine, local_channels,
-                         channel_offset, device, dtype, True)
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False,
+                 track_running_stats=False, device=None, dtype=None, *, process_group=None,
+                 local_channels=None, channel_offset=0):
+        if track_running_stats:
+            raise ValueError("tpnorm.ShardedInstanceNorm keeps no running statistics: "
+                             "track_running_stats must be False")
+        super().__init__(num_features, num_features, eps, affine, device, dtype, process_group,
+                         local_channels, channel_offset, True)
+        self.momentum, self.track_running_stats = momentum, False
 
 
 class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
@@ -184,7 +248,7 @@ class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
             x, self.running_mean if (tracking or use_running) else None,
             self.running_var if (tracking or use_running) else None, self.weight, self.bias,
             training=not use_running, momentum=0.0 if momentum is None else momentum,
-            eps=self.eps, comm=self.comm)
+            eps=self.eps, process_group=self.comm, handle=self._handle)
         if tracking:
             self.num_batches_tracked.add_(1)  # after the call: a failed call changes nothing
         return y

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The second Python environment of the test suite: the current torch from PyPI, as users run it,
+# next to Debian's python3-torch. A venv of /usr/bin/python3 (made once, reused) holding the
+# pinned torch, mpi4py, pytest and the package's build requirements; tpnorm goes into it with
+# `pip install`, the user's route.
+#
+#   launch/python-env.sh ensure              make the venv if it is missing or holds another
+#                                            torch; prints its python
+#   launch/python-env.sh python              prints its python (empty when there is none)
+#   launch/python-env.sh install BUILD_DIR   pip install . into it (CMake's build kept in
+#                                            BUILD_DIR/torch-wheel, so a rebuild is incremental)
+#
+# Environment: TPNORM_TORCH_VENV (default: .venv-torch at the repository root).
+set -euo pipefail
+
+# The one place the PyPI torch is pinned.
+TORCH_VERSION=2.15.0
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${TPNORM_TORCH_VENV:-$ROOT/.venv-torch}"
+VPY="$VENV/bin/python"
+STAMP="$VENV/tpnorm-torch-version"
+
+log() { printf '[python-env] %s\n' "$*" >&2; }
+die() { printf '[python-env] error: %s\n' "$*" >&2; exit 1; }
+
+ensure() {
+  if [ -x "$VPY" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$TORCH_VERSION" ]; then
+    echo "$VPY"
+    return 0
+  fi
+  [ -x /usr/bin/python3 ] || die "/usr/bin/python3 is missing"
+  if ! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
+    [ "$(id -u)" -eq 0 ] || die "the venv needs python3-venv (e.g. sudo apt-get install python3-venv)"
+    log "installing: python3-venv"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  log "making $VENV with torch==$TORCH_VERSION from PyPI (a download of about 3 GB the first time)"
+  rm -rf "$VENV"
+  /usr/bin/python3 -m venv "$VENV"
+  local pip=("$VPY" -m pip --disable-pip-version-check -q)
+  "${pip[@]}" install "torch==$TORCH_VERSION" >&2
+  # mpi4py builds against the system MPI (libopenmpi-dev) when PyPI has no wheel for it.
+  "${pip[@]}" install mpi4py pytest numpy "scikit-build-core>=0.8" "pybind11>=2.10" >&2
+  echo "$TORCH_VERSION" >"$STAMP"
+  echo "$VPY"
+}
+
+install_package() {
+  local build_dir="${1:?usage: python-env.sh install BUILD_DIR}"
+  [ -x "$VPY" ] || die "no venv at $VENV (run: launch/python-env.sh ensure)"
+  local defs=(--config-settings="build-dir=$build_dir/torch-wheel"
+              --config-settings=cmake.define.TPNORM_CUDA=OFF)
+  if command -v ccache >/dev/null; then
+    defs+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
+           --config-settings=cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache)
+  fi
+  # The build requirements are in the venv already: no network for a rebuild.
+  "$VPY" -m pip --disable-pip-version-check -q install --no-build-isolation --no-deps \
+    "${defs[@]}" "$ROOT"
+}
+
+case "${1:-}" in
+  ensure) ensure ;;
+  python) [ -x "$VPY" ] && echo "$VPY" || true ;;
+  install) shift; install_package "$@" ;;
+  -h|--help|help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  *) die "usage: python-env.sh ensure | python | install BUILD_DIR" ;;
+esac
