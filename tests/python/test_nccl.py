@@ -1,7 +1,7 @@
 # test_nccl.py — CUDA tensors over tpnorm's NCCL communicator bootstrapped through a
 # torch.distributed NCCL group (ncclUniqueId broadcast over the group), on
 # torch.cuda.current_stream(). Needs one GPU per rank and a build with NCCL; skipped otherwise
-# with the reason (the development machine has no GPU).
+# with the reason (e.g. on a machine without a GPU).
 import pytest
 import torch
 import torch.distributed as dist
