@@ -86,18 +86,22 @@ export SLURM_CONF="$D/slurm.conf"
 for ((i = 0; i < 50; ++i)); do [ -S "$D/munge.sock" ] && break; sleep 0.1; done
 [ -S "$D/munge.sock" ] || fail "munged did not start"
 mh_exec "$H1" slurmctld -D -f "$SLURM_CONF" >/dev/null 2>&1 &
+on_h1() { mh_exec "$H1" env SLURM_CONF="$SLURM_CONF" "$@"; }
+# The nodes register once the controller answers (a slurmd that finds none retries late).
+for ((i = 0; i < 100; ++i)); do on_h1 scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
+on_h1 scontrol ping 2>/dev/null | grep -q UP || fail "slurmctld does not answer"
 # ip netns exec gives each command a mount namespace of its own (not propagated back), so the
 # tmpfs on /tmp is the node's alone and goes with its last process.
 for h in "$H1" "$H2"; do
   mh_exec "$h" sh -c 'mount -t tmpfs -o size=256m tpmh-tmp /tmp && exec slurmd -D -N "$0" -f "$1"' \
     "$h" "$SLURM_CONF" >/dev/null 2>&1 &
 done
-on_h1() { mh_exec "$H1" env SLURM_CONF="$SLURM_CONF" "$@"; }
-for ((i = 0; i < 60; ++i)); do
+for ((i = 0; i < 120; ++i)); do
   [ "$(on_h1 sinfo -h -t idle -o '%D' 2>/dev/null)" = 2 ] && break
   sleep 0.5
 done
-[ "$(on_h1 sinfo -h -t idle -o '%D' 2>/dev/null)" = 2 ] || fail "the two nodes are not idle"
+[ "$(on_h1 sinfo -h -t idle -o '%D' 2>/dev/null)" = 2 ] ||
+  fail "the two nodes are not idle: $(on_h1 sinfo -h -N -o '%N %T' 2>&1 | tr '\n' ' ')"
 echo "cluster: $(on_h1 sinfo -h -o '%P %D %T %N')"
 pmix=no; on_h1 srun --mpi=list 2>&1 | grep -q pmix && pmix=yes
 echo "srun has PMIx: $pmix"
