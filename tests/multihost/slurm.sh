@@ -8,7 +8,8 @@
 # 1. sbatch of the job script of docs/multi-node.md (2 nodes, 2 tasks each) runs
 #    `./launch/tpnorm run`, which inside the allocation launches with srun --mpi=pmix when
 #    Slurm has PMIx (else mpirun): the sharded LayerNorm/RMSNorm test against the float64
-#    reference passes on 4 ranks across the two nodes.
+#    reference passes on 4 ranks across the two nodes. Then the mpirun fallback: `salloc -N 2
+#    -n 4` of `run --launcher mpirun` puts 2 ranks on each node and passes the same test.
 # 2. The trap: `srun --mpi=none -n 4` of the benchmark. Each task either initialises MPI alone
 #    (a singleton; the benchmark then stops at start, exit 3) or, with an Open MPI that sees it
 #    is under Slurm without PMI, fails in MPI_Init. Either way every task must end with an
@@ -125,6 +126,22 @@ if [ "$pmix" = yes ]; then
 fi
 grep -q "^\[  PASSED  \]" "$D/job.out" || fail "the equivalence test did not pass under Slurm"
 echo "job: $(grep -m1 "^\[  PASSED  \]" "$D/job.out")"
+
+# 1b. The fallback: salloc -N2 -n4 with `run --launcher mpirun`, mpirun reading the allocation
+#     (2 ranks on each node), then the equivalence test the same way.
+on_h1 timeout -s KILL 60 salloc -N 2 -n 4 "$MH_LAUNCHER" run --launcher mpirun -n 4 hostname \
+  >"$D/placement.out" 2>&1
+for h in "$H1" "$H2"; do
+  [ "$(grep -cx "$h" "$D/placement.out")" -eq 2 ] ||
+    fail "salloc + mpirun: $h runs $(grep -cx "$h" "$D/placement.out") of the 4 ranks, not 2"
+done
+on_h1 timeout -s KILL 100 salloc -N 2 -n 4 "$MH_LAUNCHER" run --launcher mpirun -n 4 "$MH_ROW" \
+  >"$D/salloc.out" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] || fail "salloc with mpirun ended with status $rc"
+grep -h "^\[tpnorm\] mpirun" "$D/salloc.out" | head -1
+grep -q "\[  PASSED  \]" "$D/salloc.out" || fail "the equivalence test did not pass with mpirun"
+echo "salloc + mpirun: $(grep -m1 -o "\[  PASSED  \].*" "$D/salloc.out" | sed "s/\x1b\[[0-9;]*m//g")"
 
 # 2. The trap: srun without PMIx.
 on_h1 timeout -s KILL 60 srun -N 2 -n 4 --mpi=none "$MH_BENCH" -n 1 -w 0 >"$D/trap.out" 2>&1
