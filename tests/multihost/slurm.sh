@@ -117,7 +117,7 @@ cd "\$SLURM_SUBMIT_DIR"
 export TPNORM_TIMEOUT=60
 $MH_LAUNCHER run -n "\$SLURM_NTASKS" $MH_ROW
 EOF
-on_h1 timeout -s KILL 100 sbatch --wait -D "$(pwd)" -o "$D/job.out" "$D/job.sh" >/dev/null 2>&1
+on_h1 timeout -s KILL 100 sbatch --wait -D "$(pwd)" -o "$D/job.out" "$D/job.sh" >"$D/sbatch.out" 2>&1
 rc=$?
 [ "$rc" -eq 0 ] || fail "the sbatch job ended with status $rc"
 grep -h "^\[tpnorm\] srun\|^\[tpnorm\] mpirun" "$D/job.out" | head -2
