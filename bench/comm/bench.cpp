@@ -162,6 +162,31 @@ void print_header(const Flags& f, int P) {
   print_heading(fields(empty, f, P));
 }
 
+// The rate a large transfer saw. Over TCP the hosts' own per-byte cost (copies, the stack)
+// adds to the link's rather than overlapping it, so the link's beta is the bandwidth-bound beta
+// less that of the same hosts on an unlimited link (--host-beta); without it the rate printed
+// is a lower bound on the link's.
+void print_link(const Fits& fits, double host_beta_ns, int P) {
+  const double bw = fits.beta_bw * 1e9;
+  std::printf(
+      "# bandwidth-bound at %d ranks from one-way sends (rank 2k to 2k+1) of 256 KiB..4 MiB: beta %.3g ns/B "
+      "(%.3g GB/s)\n",
+      P, bw, bw > 0 ? 1 / bw : 0);
+  if (host_beta_ns < 0) {
+    std::printf("# link: ~%.0f Mbit/s or faster (the hosts' own per-byte cost included; "
+                "--host-beta subtracts it)\n",
+                bw > 0 ? 8e3 / bw : 0);
+  } else if (bw - host_beta_ns > 0.05 * bw) {
+    const double link = bw - host_beta_ns;
+    std::printf("# link: beta %.3g ns/B = %.3g - %.3g (the hosts' own): ~%.0f Mbit/s\n", link,
+                bw, host_beta_ns, 8e3 / link);
+  } else {
+    std::printf("# link: not resolved: the bandwidth-bound beta %.3g ns/B is within 5 %% of the "
+                "hosts' own %.3g ns/B (the link is about as fast as the hosts or faster)\n",
+                bw, host_beta_ns);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,6 +229,7 @@ int main(int argc, char** argv) {
           P, g.alpha_ring * 1e6, g.beta * 1e9, g.beta > 0 ? 1e-9 / g.beta : 0);
     }
   }
+  if (rank == 0 && P > 1) print_link(fits, f.host_beta_ns, P);
   if (strategies) {
     const int errors = run_strategies(f, *world, fits);
     MPI_Finalize();

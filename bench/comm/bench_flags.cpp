@@ -119,6 +119,14 @@ bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
     } else if (k == "--csv" || k == "--json" || k == "--proj" || k == "--plotdata") {
       if (!val()) return false;
       (k == "--csv" ? f.csv : k == "--json" ? f.json : k == "--proj" ? f.proj : f.plotdata) = v;
+    } else if (k == "--host-beta") {
+      if (!val()) return false;
+      char* end = nullptr;
+      f.host_beta_ns = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(f.host_beta_ns >= 0)) {
+        error = "--host-beta needs ns per byte >= 0, not '" + v + "'";
+        return false;
+      }
     } else if (k == "--header") {
       f.header = true;
     } else if (k == "--project") {

@@ -16,6 +16,7 @@ struct Flags {
   std::string strategies;  // strategy mode when set: a list of strategies.h names, or "all"
   std::string csv, json, proj, plotdata;
   int iters = 20, warmup = 5;
+  double host_beta_ns = -1;  // --host-beta: the hosts' own ns/B, subtracted for the link's; < 0: unset
   bool header = false, project = false, check = true, progress = false;
   bool help = false, check_flags = false;
 };

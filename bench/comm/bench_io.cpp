@@ -56,6 +56,31 @@ double bare_allgather_s(size_t bytes_per_rank, int iters) {
   return s.at(0.5);
 }
 
+// One way across a link: rank 2k sends `bytes` to rank 2k+1 (a last rank of an odd world
+// waits). One way, because over TCP a shaped link gives each direction its rate only while
+// the other is idle: with both busy, the acknowledgements queue behind the data and each
+// direction reaches about half (see docs/benchmark.md, "Against a known link").
+double bare_one_way_s(size_t bytes, int iters) {
+  int P = 1, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  std::vector<char> buf(bytes, 1);
+  Series s;
+  for (int i = 0; i < iters; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t = now_s();
+    if (r % 2 == 0 && r + 1 < P)
+      MPI_Send(buf.data(), static_cast<int>(bytes), MPI_BYTE, r + 1, 0, MPI_COMM_WORLD);
+    else if (r % 2 == 1)
+      MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, r - 1, 0, MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
+    t = now_s() - t;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    s.v.push_back(t);
+  }
+  return s.at(0.5);
+}
+
 }  // namespace
 
 Fits fit_here(tpnorm::Communicator& c, int iters, bool with_allgather) {
@@ -65,6 +90,10 @@ Fits fit_here(tpnorm::Communicator& c, int iters, bool with_allgather) {
     ar.push_back({static_cast<double>(bytes),
                   bare_allreduce_s(c, {bytes / sizeof(double)}, tpnorm::DType::F64, iters)});
   f.allreduce = fit_allreduce_link(c.size(), ar);
+  std::vector<std::pair<double, double>> steps;
+  for (size_t bytes = 1u << 18; bytes <= (4u << 20); bytes *= 2)
+    steps.push_back({static_cast<double>(bytes), bare_one_way_s(bytes, iters)});
+  f.beta_bw = fit_line(steps).second;
   if (with_allgather) {
     for (size_t bytes = 64; bytes <= (1u << 18); bytes *= 4)
       ag.push_back({static_cast<double>(bytes), bare_allgather_s(bytes, iters)});

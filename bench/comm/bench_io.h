@@ -27,8 +27,14 @@ double bare_allreduce_s(tpnorm::Communicator& c, const std::vector<size_t>& valu
 
 /// The links fitted in this job (P >= 2) from bare collectives of several sizes: all-reduce on
 /// the benchmark's communicator, all-gather with MPI_Allgather on MPI_COMM_WORLD.
+/// `beta_bw` is the seconds per byte of one-way transfers between rank pairs (2k -> 2k+1)
+/// fitted on bandwidth-bound sizes only (256 KiB..4 MiB), where the latency is a small part
+/// of the time: the link's per-byte cost per direction plus the hosts' own (copies, the TCP
+/// stack). It is fitted on plain transfers rather than on the all-reduce because MPI picks its
+/// own all-reduce algorithm per size, and not every one is the ring.
 struct Fits {
   Link allreduce, allgather;
+  double beta_bw = 0;
   Topology ar() const { return flat_topology("fitted", allreduce); }
   Topology ag() const { return flat_topology("fitted", allgather); }
 };

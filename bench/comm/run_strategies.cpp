@@ -9,6 +9,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <sstream>
@@ -120,6 +121,17 @@ std::vector<Field> fields(const BenchStrategy& s, const StrategyRow& r, const Fl
           {"wrong", std::to_string(r.wrong), false, 6, "#wrong"}};
 }
 
+// One line: the strategies fastest first, with their times; the measured line next to the
+// model's (fitted on this job's link) shows whether the model orders them as the link does.
+void print_ordering(const char* what, std::vector<std::pair<double, const char*>> t) {
+  std::stable_sort(t.begin(), t.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::printf("# ordering, %s:", what);
+  for (size_t i = 0; i < t.size(); ++i)
+    std::printf("%s %s %.1f", i ? " <" : "", t[i].second, t[i].first * 1e6);
+  std::printf(" (us per step)\n");
+}
+
 }  // namespace
 
 int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits) {
@@ -146,9 +158,12 @@ int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits
     print_heading(fields(*chosen.front(), StrategyRow{}, f, P));
   }
   std::vector<Projected> projected;
+  std::vector<std::pair<double, const char*>> measured, modelled;
   int errors = 0;
   for (const BenchStrategy* s : chosen) {
     const StrategyRow r = run_one(*s, f, world, fits);
+    measured.push_back({r.comm.at(0.5), s->name});
+    modelled.push_back({r.model, s->name});
     if (rank == 0) {
       write_row(fields(*s, r, f, P), f.csv, f.json);
       write_plotdata(f.plotdata, s->name, s->label, P, r.total);
@@ -160,6 +175,10 @@ int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits
     projected.push_back(
         {s->name, [s, cfg](int Pp, bool fwd) { return s->plan(cfg, Pp, -1, fwd); }});
     errors += (r.wrong != 0) + !r.traffic_ok;
+  }
+  if (rank == 0 && P > 1 && chosen.size() > 1) {
+    print_ordering("measured comm", measured);
+    print_ordering("model comm   ", modelled);
   }
   if (rank == 0 && f.project) project(projected, fits, P, f.proj);
   return errors;
