@@ -41,24 +41,24 @@ namespace {
 // no peer to strand and throws.
 void prepare_device(PackedCall& call, Communicator& comm, DeviceCommunicator& dev,
                     const PayloadSize& size) {
+  // A rank that cannot take part fails the call and, outside the strict window (where the
+  // failure rides in the agreed header), ends the job instead of stranding its peers.
+  auto cannot_join = [&](const char* what) {
+    call.fail(std::string("the device workspace could not grow: ") + what,
+              ErrorCode::kCommunication);
+    if (!comm.strict_now())
+      dev.abort_job("tpnorm: rank " + std::to_string(comm.rank()) + " of " +
+                    std::to_string(comm.size()) + ": cannot join the call's collective: " +
+                    what + "; ending the job (the other ranks would wait forever)");
+  };
   try {
     call.prepare(size.values, size.local_count, call.failed() ? 0 : size.device_scratch);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kInvalidArgument || comm.size() == 1) throw;
-    call.fail(std::string("the device workspace could not grow: ") + e.what(),
-              ErrorCode::kCommunication);
-    if (!comm.strict_now())
-      dev.abort_job("tpnorm: rank " + std::to_string(comm.rank()) + " of " +
-                    std::to_string(comm.size()) + ": cannot join the call's collective: " +
-                    e.what() + "; ending the job (the other ranks would wait forever)");
+    cannot_join(e.what());
   } catch (const std::exception& e) {
     if (comm.size() == 1) throw;
-    call.fail(std::string("the device workspace could not grow: ") + e.what(),
-              ErrorCode::kCommunication);
-    if (!comm.strict_now())
-      dev.abort_job("tpnorm: rank " + std::to_string(comm.rank()) + " of " +
-                    std::to_string(comm.size()) + ": cannot join the call's collective: " +
-                    e.what() + "; ending the job (the other ranks would wait forever)");
+    cannot_join(e.what());
   }
 }
 
