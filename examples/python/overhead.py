@@ -13,6 +13,9 @@ microseconds per call, for:
   functional, no grad   tpnorm.layer_norm under torch.no_grad() (allocates y, mean, rstd)
   module fwd+bwd        y = ShardedLayerNorm(x); y.backward(dy) through torch.autograd
   nn.LayerNorm fwd+bwd  the same through torch.nn.LayerNorm
+  empty Function        a torch.autograd.Function that only allocates its outputs: the fixed
+                        cost of autograd written in Python, which tpnorm's is
+Each fwd+bwd clears the gradients first (set to None, as optimizer.zero_grad() does).
 and the two ratios: module / nn.LayerNorm and module / C++ loop (forward + backward).
 """
 import argparse
@@ -63,12 +66,41 @@ def measure(rows, hidden, iters):
             m.weight.copy_(w)
             m.bias.copy_(b)
     xg = x.clone().requires_grad_()
-    module_fb = per_call(lambda: ours(xg).backward(dy), iters)
-    torch_fb = per_call(lambda: theirs(xg).backward(dy), iters)
+
+    def step(m):
+        # As a training step: gradients cleared the way optimizer.zero_grad() does (set to
+        # None), so backward hands dx to x.grad rather than adding it to the last step's.
+        def run():
+            xg.grad = m.weight.grad = m.bias.grad = None
+            m(xg).backward(dy)
+        return run
+
+    class Empty(torch.autograd.Function):
+        """A Python autograd Function that only allocates its outputs: the floor of any op
+        whose autograd is written in Python, as tpnorm's is (torch has no other hook for an op
+        of a library that does not link libtorch)."""
+
+        @staticmethod
+        def forward(ctx, x, w, b):
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.empty_like(g), torch.empty_like(w), torch.empty_like(b)
+
+    wg, bg = w.clone().requires_grad_(), b.clone().requires_grad_()
+
+    def floor():
+        xg.grad = wg.grad = bg.grad = None
+        Empty.apply(xg, wg, bg).backward(dy)
+
+    module_fb = per_call(step(ours), iters)
+    torch_fb = per_call(step(theirs), iters)
+    floor_fb = per_call(floor, iters)
     rows_out = [("C++ loop, forward", cpp_f), ("binding, forward", binding),
                 ("functional, no grad", per_call(functional, iters)),
                 ("C++ loop, fwd+bwd", cpp_fb), ("module fwd+bwd", module_fb),
-                ("nn.LayerNorm fwd+bwd", torch_fb)]
+                ("nn.LayerNorm fwd+bwd", torch_fb), ("empty Function fwd+bwd", floor_fb)]
     print(f"# LayerNorm [{rows}, {hidden}] fp32, 1 process, 1 thread, torch {torch.__version__}; "
           f"median of 5 blocks of {iters} calls (us per call)")
     for name, t in rows_out:
