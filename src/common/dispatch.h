@@ -40,6 +40,11 @@ decltype(auto) dispatch_device_storage(DType t, Fn&& fn) {
   }
 }
 
+/// Whether storage type T (or a reference to it) has Stats::kExact kernels: every one but
+/// double (float64 storage refuses Stats::kExact in its validation, Validator::storage).
+template <class T>
+inline constexpr bool has_exact_kernels = !std::is_same_v<std::decay_t<T>, double>;
+
 /// Calls fn(S{}) with S float or double for the dtype of saved statistics / wire buffers.
 template <class Fn>
 decltype(auto) dispatch_acc(DType t, Fn&& fn) {
@@ -67,7 +72,7 @@ void dispatch_forward_partial(const TensorView& x, DType wire, void* payload, Ex
     using T = decltype(t);
     const T* xt = static_cast<const T*>(x.data);
     // float64 storage has no exact mode (its validation refuses Stats::kExact).
-    if constexpr (!std::is_same_v<T, double>)
+    if constexpr (has_exact_kernels<T>)
       if (wire == DType::I64) return exact(xt, static_cast<int64_t*>(payload));
     dispatch_acc(wire, [&](auto w) { sums(xt, static_cast<decltype(w)*>(payload)); });
   });
