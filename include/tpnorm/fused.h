@@ -25,7 +25,8 @@
 // agreement, 2 without). Ranks must agree on rows, dtype, eps, alpha, stats mode, the presence
 // of gamma / beta / dh_extra.
 //
-// dtypes: x, f, h, y, dy, dh_extra, dx, df share one storage dtype (fp32, fp16, bf16); gamma,
+// dtypes: x, f, h, y, dy, dh_extra, dx, df share one storage dtype (fp32, fp16, bf16, or fp64 as in
+// tpnorm/norm.h); gamma,
 // beta, dgamma, dbeta have it too, or float32 (mixed precision, as in tpnorm/norm.h); mean /
 // rstd float32 or float64 [rows]. h may alias x or f (an in-place
 // residual update). Errors: tpnorm::Error on every rank together; h is written before the

@@ -27,7 +27,8 @@
 // Ranks must agree on N, C, G, S, dtype, eps, the stats mode and gamma/beta presence. Each
 // slice must lie inside [0, C) and the slices' channel counts must add up to C (checked on the
 // reduced count); overlapping slices whose counts still add up to C are NOT detected. dtypes: x, y,
-// dy, dx, gamma, beta, dgamma, dbeta share one storage dtype (fp32, fp16, bf16); mean / rstd
+// dy, dx, gamma, beta, dgamma, dbeta share one storage dtype (fp32, fp16, bf16, or fp64 as in
+// tpnorm/norm.h); mean / rstd
 // float32 or float64 [N, G] (all groups, the same on every rank). Errors: tpnorm::Error on every
 // rank together (tpnorm/error.h).
 #pragma once

@@ -23,7 +23,8 @@
 // 8*rows + H / 6*rows + H (see Stats::kExact).
 //
 // dtypes: x, y, dy, dx share one storage dtype (fp32, fp16, bf16; fp32 or fp64 accumulation
-// inside); gamma, beta, dgamma, dbeta have x's dtype, or float32 next to fp16/bf16 x (mixed
+// inside; or fp64 on CPU communicators with Stats::kRobust, computed in double throughout, with
+// fp64 parameters); gamma, beta, dgamma, dbeta have x's dtype, or float32 next to fp16/bf16 x (mixed
 // precision: float32 parameters and parameter gradients; CPU communicators only so far); mean
 // and rstd are float32 or float64 [rows]. All views live on comm.device(). Errors: tpnorm::Error on
 // every rank together (see tpnorm/error.h).

@@ -3,7 +3,8 @@
 // their gradients, the running statistics (fp32, init mean 0 / var 1), num_batches_tracked and
 // the statistics saved by the last forward, and switches between train and eval.
 //
-// Parameters and their gradients have the storage dtype of x (fp32, fp16, bf16) given at
+// Parameters and their gradients have the storage dtype of x (fp32, fp16, bf16; fp64 on a CPU communicator with
+// Stats::kRobust) given at
 // construction. backward(dy, x, dx) needs the x of the preceding forward. The gradients are
 // this rank's sums: combine them with the rest of the model's gradients (data parallelism).
 // Borrows the communicator, which must outlive the module.

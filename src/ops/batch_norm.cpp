@@ -385,9 +385,10 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
       dispatch_acc(b_.save_mean.dtype, [&](auto s) {
         using T = decltype(t);
         using S = decltype(s);
-        kc::bn_exact_partial_backward<T, S>(
-            b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
-            static_cast<const S*>(b_.save_mean.data), call.payload<int64_t>());
+        if constexpr (has_exact_kernels<T>)
+          kc::bn_exact_partial_backward<T, S>(
+              b_.a, static_cast<const T*>(b_.dy.data), static_cast<const T*>(b_.x.data),
+              static_cast<const S*>(b_.save_mean.data), call.payload<int64_t>());
       });
     });
     kc::bn_exact_backward_sums(b_.a.c, call.payload<int64_t>(), 1.0, local_.data());

@@ -242,8 +242,9 @@ class GroupBackwardOp final : public SpecOf<GroupBackward> {
     dparams_.assign(static_cast<size_t>(2 * (c_local > 0 ? c_local : 0)), 0.0);
     if (call.wire() == DType::I64)
       return dispatch(call, [&](auto in, auto*) {
-        kc::group_exact_partial_backward(args_.grp.k, in.dy, in.x, in.gamma, in.mean, in.rstd,
-                                         call.payload<int64_t>(), dparams_.data());
+        if constexpr (has_exact_kernels<decltype(*in.x)>)
+          kc::group_exact_partial_backward(args_.grp.k, in.dy, in.x, in.gamma, in.mean, in.rstd,
+                                           call.payload<int64_t>(), dparams_.data());
       });
     dispatch(call, [&](auto in, auto* stats) {
       kc::group_partial_backward(args_.grp.k, in.dy, in.x, in.gamma, in.mean, in.rstd, stats,

@@ -232,9 +232,10 @@ void row_forward_apply(const RowForward& a, DType wire, void* stats, double n, d
 void row_backward_partial(const RowBackward& a, DType wire, void* stats, RowRun run) {
   const kc::RowNormArgs k = kernel_args(a.g, a.centered, run);
   with_row_ptrs(a, a.rstd.dtype, [&](const auto& p) {
-    if (wire == DType::I64)
-      return kc::row_exact_partial_backward(k, p.dy, p.x, p.gamma, p.mean, p.rstd,
-                                            static_cast<int64_t*>(stats));
+    if constexpr (has_exact_kernels<decltype(*p.x)>)
+      if (wire == DType::I64)
+        return kc::row_exact_partial_backward(k, p.dy, p.x, p.gamma, p.mean, p.rstd,
+                                              static_cast<int64_t*>(stats));
     dispatch_acc(wire, [&](auto w) {
       kc::row_partial_backward(k, p.dy, p.x, p.gamma, p.mean, p.rstd,
                                static_cast<decltype(w)*>(stats));

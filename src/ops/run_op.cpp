@@ -144,7 +144,7 @@ StartedOp::~StartedOp() {
 }
 
 void StartedOp::start() {
-  Validator v(call_, comm_.device());
+  Validator v(call_, comm_.device(), op_.stats());
   if (op_.collective()) {
     const std::string abandoned = comm_.take_abandoned_call();
     if (!abandoned.empty()) call_.fail(abandoned);

@@ -24,8 +24,9 @@ SyncBatchNorm::SyncBatchNorm(Communicator& comm, int64_t channels, DType dtype,
     : comm_(comm), channels_(channels), dtype_(dtype), opt_(opt) {
   if (channels < 1)
     throw Error(ErrorCode::kInvalidArgument, "tpnorm: SyncBatchNorm: channels must be >= 1");
-  if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16)
-    throw Error(ErrorCode::kInvalidArgument, "tpnorm: SyncBatchNorm: dtype must be fp32/fp16/bf16");
+  if (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16 && dtype != DType::F64)
+    throw Error(ErrorCode::kInvalidArgument,
+                "tpnorm: SyncBatchNorm: dtype must be fp32/fp16/bf16/fp64");
   if (affine) {
     weight_ = filled(channels, dtype, 1.f);
     bias_ = filled(channels, dtype, 0.f);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ops/packed_call.h"
+#include "tpnorm/norm.h"
 #include "tpnorm/tensor.h"
 
 namespace tpnorm::detail {
@@ -46,7 +47,9 @@ inline DType param_dtype(const TensorView& x, std::initializer_list<const Tensor
 
 class Validator {
  public:
-  Validator(PackedCall& call, Device device) : call_(call), device_(device) {}
+  /// stats: the call's statistics mode (which storage dtypes it can take, see storage).
+  Validator(PackedCall& call, Device device, Stats stats = Stats::kRobust)
+      : call_(call), device_(device), stats_(stats) {}
 
   /// A present view on the call's device whose data is non-null unless it is empty.
   /// True while no check of this call has failed.
@@ -107,14 +110,29 @@ class Validator {
     return usable(name, v) && same_shape(name, v, x.shape) && same_dtype(name, v, x.dtype);
   }
   /// A storage dtype: the dtypes of x, y, gamma... (saved statistics are float32/float64).
+  /// fp64 runs on the CPU kernels (kernels/cpu/float64.cpp) in Stats::kRobust only: kNaive's
+  /// wire is float32, and kExact's integer grid covers float32's range, not float64's (2^-1074
+  /// to 2^1024 would take some 2100 bits a sum instead of a few limbs).
   bool storage(const char* name, const TensorView& v) {
-    return dtype_in(name, v, {DType::F32, DType::F16, DType::BF16});
+    if (!dtype_in(name, v, {DType::F32, DType::F16, DType::BF16, DType::F64})) return false;
+    if (v.dtype != DType::F64) return true;
+    if (device_.kind != DeviceKind::CPU)
+      return fail(name, "is fp64: float64 storage runs on the CPU kernels only so far (a host "
+                        "communicator)");
+    if (stats_ != Stats::kRobust)
+      return fail(name, std::string("is fp64, which needs Stats::kRobust (float64 statistics); ") +
+                            (stats_ == Stats::kNaive
+                                 ? "Stats::kNaive sends float32 sums"
+                                 : "Stats::kExact's integer grid covers float32's range only"));
+    return true;
   }
   /// The dtype of a norm's parameters (gamma / beta and their gradients; see param_dtype): x's,
   /// or float32 next to fp16/bf16 x on the CPU kernels (mixed precision). `name`: the first
   /// present parameter, for the message.
   bool params(const char* name, DType param, const TensorView& x) {
     if (!ok() || param == x.dtype) return ok();
+    if (x.dtype == DType::F64)  // no float32 rounding on a float64 path
+      return fail(name, std::string("has dtype ") + dtype_name(param) + ", expected x's (fp64)");
     if (param != DType::F32)
       return fail(name, std::string("has dtype ") + dtype_name(param) + ", expected x's (" +
                             dtype_name(x.dtype) + ") or fp32");
@@ -137,6 +155,7 @@ class Validator {
  private:
   PackedCall& call_;
   Device device_;
+  Stats stats_;
 };
 
 }  // namespace tpnorm::detail

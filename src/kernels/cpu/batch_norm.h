@@ -104,4 +104,39 @@ void bn_fused_backward(const BatchNormArgs& a, const T* dy, const T* x, const P*
 template <class P, class W, class S>
 void bn_param_grads(int64_t c, const W* local_stats, const S* invstd, P* dgamma, P* dbeta);
 
+// float64 storage: double kernels of their own (kernels/cpu/float64.cpp), every sum and
+// element formula in double, for every wire and saved-statistics type.
+#define TPNORM_BN_F64_W(W)                                                                        \
+  template <>                                                                                     \
+  void bn_partial_forward<double, W>(const BatchNormArgs&, const double*, W*);                    \
+  template <>                                                                                     \
+  void bn_apply_forward<double, double, W>(const BatchNormArgs&, const double*, const double*,    \
+                                           const double*, const W*, const W*, double*);           \
+  template <>                                                                                     \
+  void bn_fused_forward<double, double, W>(const BatchNormArgs&, const double*, const double*,    \
+                                           const double*, double, double, double*, double*,       \
+                                           double*, double*);
+#define TPNORM_BN_F64_WS(W, S)                                                                    \
+  template <>                                                                                     \
+  void bn_partial_backward<double, W, S>(const BatchNormArgs&, const double*, const double*,      \
+                                         const S*, W*);                                           \
+  template <>                                                                                     \
+  void bn_apply_backward<double, double, W, S>(const BatchNormArgs&, const double*,               \
+                                               const double*, const double*, const S*, const S*,  \
+                                               const W*, double, double*);                        \
+  template <>                                                                                     \
+  void bn_fused_backward<double, double, W, S>(const BatchNormArgs&, const double*,               \
+                                               const double*, const double*, const S*, const S*,  \
+                                               double, W*, double*);                              \
+  template <>                                                                                     \
+  void bn_param_grads<double, W, S>(int64_t, const W*, const S*, double*, double*);
+TPNORM_BN_F64_W(float)
+TPNORM_BN_F64_W(double)
+TPNORM_BN_F64_WS(float, float)
+TPNORM_BN_F64_WS(float, double)
+TPNORM_BN_F64_WS(double, float)
+TPNORM_BN_F64_WS(double, double)
+#undef TPNORM_BN_F64_W
+#undef TPNORM_BN_F64_WS
+
 }  // namespace tpnorm::kernels::cpu

@@ -50,4 +50,30 @@ void group_apply_backward(const GroupNormArgs& a, const T* dy, const T* x, const
                           const S* mean, const S* rstd, const W* stats, double count,
                           const double* dparams, T* dx, T* dgamma, T* dbeta);
 
+// float64 storage: double kernels of their own (kernels/cpu/float64.cpp), every sum and
+// element formula in double, for every wire and saved-statistics type.
+#define TPNORM_GROUP_F64_W(W) \
+  template <>                 \
+  void group_partial_forward<double, W>(const GroupNormArgs&, const double*, W*);
+#define TPNORM_GROUP_F64_WS(W, S)                                                                 \
+  template <>                                                                                     \
+  void group_apply_forward<double, W, S>(const GroupNormArgs&, const double*, const double*,      \
+                                         const double*, const W*, double, double, double*, S*,    \
+                                         S*);                                                     \
+  template <>                                                                                     \
+  void group_partial_backward<double, W, S>(const GroupNormArgs&, const double*, const double*,   \
+                                            const double*, const S*, const S*, W*, double*);      \
+  template <>                                                                                     \
+  void group_apply_backward<double, W, S>(const GroupNormArgs&, const double*, const double*,     \
+                                          const double*, const S*, const S*, const W*, double,    \
+                                          const double*, double*, double*, double*);
+TPNORM_GROUP_F64_W(float)
+TPNORM_GROUP_F64_W(double)
+TPNORM_GROUP_F64_WS(float, float)
+TPNORM_GROUP_F64_WS(float, double)
+TPNORM_GROUP_F64_WS(double, float)
+TPNORM_GROUP_F64_WS(double, double)
+#undef TPNORM_GROUP_F64_W
+#undef TPNORM_GROUP_F64_WS
+
 }  // namespace tpnorm::kernels::cpu

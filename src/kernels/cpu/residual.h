@@ -24,4 +24,14 @@ template <class T>
 void residual_backward_epilogue(int64_t n, const T* dh_extra, float alpha, T* df, T* dx,
                                 int threads);
 
+// float64 storage: double kernels of their own (kernels/cpu/float64.cpp).
+template <>
+void residual_partial_forward<double, float>(const RowNormArgs&, const double*, const double*,
+                                             float, double*, float*);
+template <>
+void residual_partial_forward<double, double>(const RowNormArgs&, const double*, const double*,
+                                              float, double*, double*);
+template <>
+void residual_backward_epilogue<double>(int64_t, const double*, float, double*, double*, int);
+
 }  // namespace tpnorm::kernels::cpu

@@ -77,4 +77,31 @@ void row_apply_backward(const RowNormArgs& a, const T* dy, const T* x, const P* 
                         const S* mean, const S* rstd, W* stats, double n, T* dx, P* dgamma,
                         P* dbeta);
 
+// float64 storage: double kernels of their own (kernels/cpu/float64.cpp), every sum and
+// element formula in double, for every wire and saved-statistics type.
+#define TPNORM_ROW_F64_W(W) \
+  template <>               \
+  void row_partial_forward<double, W>(const RowNormArgs&, const double*, W*);
+#define TPNORM_ROW_F64_WS(W, S)                                                                   \
+  template <>                                                                                     \
+  void row_apply_forward<double, double, W, S>(const RowNormArgs&, const double*, const double*, \
+                                               const double*, W*, double, double, double*, S*,   \
+                                               S*);                                               \
+  template <>                                                                                     \
+  void row_partial_backward<double, double, W, S>(const RowNormArgs&, const double*,              \
+                                                  const double*, const double*, const S*,         \
+                                                  const S*, W*);                                  \
+  template <>                                                                                     \
+  void row_apply_backward<double, double, W, S>(const RowNormArgs&, const double*, const double*, \
+                                                const double*, const S*, const S*, W*, double,    \
+                                                double*, double*, double*);
+TPNORM_ROW_F64_W(float)
+TPNORM_ROW_F64_W(double)
+TPNORM_ROW_F64_WS(float, float)
+TPNORM_ROW_F64_WS(float, double)
+TPNORM_ROW_F64_WS(double, float)
+TPNORM_ROW_F64_WS(double, double)
+#undef TPNORM_ROW_F64_W
+#undef TPNORM_ROW_F64_WS
+
 }  // namespace tpnorm::kernels::cpu

@@ -46,7 +46,7 @@ void bn_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const Bn
   if (!f.batch_stats) return;  // eval: the running statistics are the statistics
   DeviceGuard guard(dev.device_index());
   const kcu::BnArgs b = bn_args(f.a, dev.stream());
-  dispatch_storage(f.x.dtype, [&](auto t) {
+  dispatch_device_storage(f.x.dtype, [&](auto t) {
     using T = decltype(t);
     if (f.opt.stats == Stats::kExact)  // kernels/cuda/exact_channels.h
       return kcu::exact_bn_partial_forward<T>(b, static_cast<const T*>(f.x.data),
@@ -80,7 +80,7 @@ void bn_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnFo
   st.save_invstd = f.save_invstd.data;
   st.mean64 = f.save_mean.dtype == DType::F64;
   st.invstd64 = f.save_invstd.dtype == DType::F64;
-  dispatch_storage(f.x.dtype, [&](auto t) {
+  dispatch_device_storage(f.x.dtype, [&](auto t) {
     using T = decltype(t);
     if (f.opt.stats == Stats::kExact)
       return kcu::exact_bn_apply_forward<T>(
@@ -104,7 +104,7 @@ void bn_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const B
   if (!training && !b.dgamma.present() && !b.dbeta.present()) return;
   void* pay = training ? call.payload_data() : nullptr;  // eval: zero global sums
   void* s = call.scratch();
-  dispatch_storage(b.x.dtype, [&](auto t) {
+  dispatch_device_storage(b.x.dtype, [&](auto t) {
     using T = decltype(t);
     if (b.opt.stats == Stats::kExact)
       return kcu::exact_bn_partial_backward<T>(
@@ -123,7 +123,7 @@ void bn_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnB
   // eval: zero global sums, dx = gamma * invstd * dy
   const kcu::Header hd = training ? device_header(call, dev) : kcu::Header{};
   void* s = call.scratch();
-  dispatch_storage(b.x.dtype, [&](auto t) {
+  dispatch_device_storage(b.x.dtype, [&](auto t) {
     using T = decltype(t);
     if (b.opt.stats == Stats::kExact)
       return kcu::exact_bn_apply_backward<T>(

@@ -23,7 +23,7 @@ kcu::ExactRowArgs exact_args(DeviceCommunicator& dev, const RowGeometry& g, bool
 template <class Fn>
 void on_device(DeviceCommunicator& dev, DType dtype, Fn&& fn) {
   DeviceGuard guard(dev.device_index());
-  dispatch_storage(dtype, [&](auto t) { fn(t); });
+  dispatch_device_storage(dtype, [&](auto t) { fn(t); });
 }
 
 template <class T>

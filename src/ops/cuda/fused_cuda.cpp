@@ -11,7 +11,7 @@ namespace tpnorm::detail {
 void residual_add_cuda(DeviceCommunicator& dev, const TensorView& x, const TensorView& f,
                        double alpha, const TensorView& h) {
   DeviceGuard guard(dev.device_index());
-  dispatch_storage(x.dtype, [&](auto t) {
+  dispatch_device_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
     kernels::cuda::residual_add<T>(x.shape.numel(), static_cast<const T*>(x.data),
                                    static_cast<const T*>(f.data), static_cast<float>(alpha),
@@ -22,7 +22,7 @@ void residual_add_cuda(DeviceCommunicator& dev, const TensorView& x, const Tenso
 void residual_epilogue_cuda(PackedCall& call, DeviceCommunicator& dev, const TensorView& dh_extra,
                             double alpha, const TensorView& df, const TensorView& dx) {
   DeviceGuard guard(dev.device_index());
-  dispatch_storage(df.dtype, [&](auto t) {
+  dispatch_device_storage(df.dtype, [&](auto t) {
     using T = decltype(t);
     kernels::cuda::residual_backward_epilogue<T>(
         device_header(call, dev), df.shape.numel(), static_cast<const T*>(dh_extra.data), static_cast<float>(alpha),

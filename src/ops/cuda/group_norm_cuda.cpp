@@ -41,7 +41,7 @@ void group_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
                                 const NormOptions& opt) {
   DeviceGuard guard(dev.device_index());
   const kcu::GroupArgs a = device_args(k, 0, false, dev.stream());
-  dispatch_storage(x.dtype, [&](auto t) {
+  dispatch_device_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
     if (call.wire() == DType::I64)  // Stats::kExact (kernels/cuda/exact_groups.h)
       return kcu::exact_group_partial_forward<T>(a, static_cast<const T*>(x.data),
@@ -59,7 +59,7 @@ void group_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev,
   DeviceGuard guard(dev.device_index());
   const DType saved = rstd.present() ? rstd.dtype : (mean.present() ? mean.dtype : DType::F32);
   const kcu::GroupArgs a = device_args(k, channels, saved == DType::F64, dev.stream());
-  dispatch_storage(x.dtype, [&](auto t) {
+  dispatch_device_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
     if (call.wire() == DType::I64)
       return kcu::exact_group_apply_forward<T>(
@@ -79,7 +79,7 @@ void group_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
                                  const TensorView& mean, const TensorView& rstd) {
   DeviceGuard guard(dev.device_index());
   const kcu::GroupArgs a = device_args(k, 0, rstd.dtype == DType::F64, dev.stream());
-  dispatch_storage(x.dtype, [&](auto t) {
+  dispatch_device_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
     if (call.wire() == DType::I64)
       return kcu::exact_group_partial_backward<T>(
@@ -99,7 +99,7 @@ void group_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev,
                                const TensorView& dgamma, const TensorView& dbeta) {
   DeviceGuard guard(dev.device_index());
   const kcu::GroupArgs a = device_args(k, channels, rstd.dtype == DType::F64, dev.stream());
-  dispatch_storage(x.dtype, [&](auto t) {
+  dispatch_device_storage(x.dtype, [&](auto t) {
     using T = decltype(t);
     if (call.wire() == DType::I64)
       return kcu::exact_group_apply_backward<T>(

@@ -21,7 +21,7 @@ void forward_kernel(DeviceCommunicator& dev, const RowForward& a, Fn&& fn) {
   DeviceGuard guard(dev.device_index());
   const bool s64 = saved_dtype(a.mean, a.rstd) == DType::F64;
   const kcu::RowArgs k{a.g.rows, a.g.h, a.centered, s64, dev.stream()};
-  dispatch_storage(a.x.dtype, [&](auto t) { fn(k, static_cast<const decltype(t)*>(a.x.data)); });
+  dispatch_device_storage(a.x.dtype, [&](auto t) { fn(k, static_cast<const decltype(t)*>(a.x.data)); });
 }
 
 // The backward's inputs, typed: what its partial and apply kernels both read.
@@ -39,7 +39,7 @@ template <class Fn>
 void backward_kernel(DeviceCommunicator& dev, const RowBackward& a, Fn&& fn) {
   DeviceGuard guard(dev.device_index());
   const kcu::RowArgs k{a.g.rows, a.g.h, a.centered, a.rstd.dtype == DType::F64, dev.stream()};
-  dispatch_storage(a.x.dtype, [&](auto t) {
+  dispatch_device_storage(a.x.dtype, [&](auto t) {
     using T = decltype(t);
     fn(k, BackwardIn<T>{static_cast<const T*>(a.dy.data), static_cast<const T*>(a.x.data),
                         static_cast<const T*>(a.gamma.data), a.centered ? a.mean.data : nullptr,

@@ -5,7 +5,7 @@ The functional forms take torch.nn.functional's arguments in its order, then key
 torch.distributed group when one is initialised, else one process) and ``stats``. Each makes
 exactly the collectives of the C++ call: ONE all_reduce_sum per forward and per backward
 (SyncBatchNorm in eval: none). Tensors cross into C++ through DLPack without a copy; inputs
-must be contiguous (row-major), outputs are allocated here. Saved statistics are float32.
+must be contiguous (row-major), outputs are allocated here. Saved statistics are float32 (float64 next to a float64 input).
 Every rank must make the same calls in the same order, backward included.
 """
 import math
@@ -57,6 +57,12 @@ def _like(t):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
+def _stats_dtype(x):
+    """The dtype of saved statistics: float64 for a float64 input (the float64 kernels round
+    nothing to float32, as torch.autograd.gradcheck needs), else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _rows(x):
     return math.prod(x.shape[:-1]) if x.dim() > 0 else 0
 
@@ -81,8 +87,8 @@ def _row_norm_forward(comm, x, weight, bias, opt, centered):
     """(y, mean, rstd) of LayerNorm (centered) or RMSNorm (mean: None) of hidden-sharded rows."""
     rows = _rows(x)
     y = _like(x)
-    rstd = _empty((rows,), x, torch.float32)
-    mean = _empty((rows,), x, torch.float32) if centered else None
+    rstd = _empty((rows,), x, _stats_dtype(x))
+    mean = _empty((rows,), x, _stats_dtype(x)) if centered else None
     if centered:
         _C.layer_norm_forward(comm, _d(x), _d(weight), _d(bias), _d(y), _d(mean), _d(rstd),
                               opt)
@@ -179,8 +185,8 @@ def _fused_add_norm_forward(comm, x, f, weight, bias, alpha, opt, centered):
     """(h, y, mean, rstd): h = alpha*x + f and y = Norm(h) (mean: None for RMSNorm)."""
     rows = _rows(x)
     h, y = _like(x), _like(x)
-    rstd = _empty((rows,), x, torch.float32)
-    mean = _empty((rows,), x, torch.float32) if centered else None
+    rstd = _empty((rows,), x, _stats_dtype(x))
+    mean = _empty((rows,), x, _stats_dtype(x)) if centered else None
     if centered:
         _C.fused_add_layer_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(bias), _d(h),
                                         _d(y), _d(mean), _d(rstd), opt)
@@ -285,8 +291,8 @@ def _group_norm_forward(comm, x, weight, bias, cg, opt, instance):
     """(y, mean, rstd) of GroupNorm / InstanceNorm on [N, C_local, *spatial]."""
     groups = cg.channels if instance else cg.groups
     y = _like(x)
-    mean = _empty((x.shape[0], groups), x, torch.float32)
-    rstd = _empty((x.shape[0], groups), x, torch.float32)
+    mean = _empty((x.shape[0], groups), x, _stats_dtype(x))
+    rstd = _empty((x.shape[0], groups), x, _stats_dtype(x))
     _C.group_norm_forward(comm, _d(x), cg, _d(weight), _d(bias), _d(y), _d(mean), _d(rstd), opt,
                           instance)
     return y, mean, rstd
@@ -383,7 +389,7 @@ def _sync_batch_norm_forward(comm, x, weight, bias, running_mean, running_var, o
     C = x.shape[1]
     xv = x.permute(0, *range(2, x.dim()), 1) if channels_last else x
     y = torch.empty(xv.shape, dtype=x.dtype, device=x.device)
-    save_mean, save_invstd = _empty((C,), x, torch.float32), _empty((C,), x, torch.float32)
+    save_mean, save_invstd = _empty((C,), x, _stats_dtype(x)), _empty((C,), x, _stats_dtype(x))
     _C.sync_batch_norm_forward(comm, _d(xv), _d(weight), _d(bias), _d(running_mean),
                                _d(running_var), _d(y), _d(save_mean), _d(save_invstd), opt)
     if channels_last:

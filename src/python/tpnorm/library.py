@@ -60,8 +60,8 @@ if AVAILABLE:
     @row_norm.register_fake
     def _(x, weight, bias, handle, eps, stats, centered, hidden_size):
         rows = F._rows(x)
-        mean = x.new_empty((rows,), dtype=torch.float32) if centered else _absent(x)
-        return torch.empty_like(x), mean, x.new_empty((rows,), dtype=torch.float32)
+        mean = x.new_empty((rows,), dtype=F._stats_dtype(x)) if centered else _absent(x)
+        return torch.empty_like(x), mean, x.new_empty((rows,), dtype=F._stats_dtype(x))
 
     @torch.library.custom_op("tpnorm::row_norm_backward", mutates_args=())
     def row_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
@@ -105,9 +105,9 @@ if AVAILABLE:
     @fused_add_norm.register_fake
     def _(x, f, weight, bias, alpha, handle, eps, stats, centered, hidden_size):
         rows = F._rows(x)
-        mean = x.new_empty((rows,), dtype=torch.float32) if centered else _absent(x)
+        mean = x.new_empty((rows,), dtype=F._stats_dtype(x)) if centered else _absent(x)
         return (torch.empty_like(x), torch.empty_like(x), mean,
-                x.new_empty((rows,), dtype=torch.float32))
+                x.new_empty((rows,), dtype=F._stats_dtype(x)))
 
     @torch.library.custom_op("tpnorm::fused_add_norm_backward", mutates_args=())
     def fused_add_norm_backward(dh: OptTensor, dy: Tensor, h: Tensor, weight: OptTensor,
@@ -155,8 +155,8 @@ if AVAILABLE:
     @group_norm.register_fake
     def _(x, weight, bias, groups, channels, channel_offset, handle, eps, stats, instance):
         g = channels if instance else groups
-        return (torch.empty_like(x), x.new_empty((x.shape[0], g), dtype=torch.float32),
-                x.new_empty((x.shape[0], g), dtype=torch.float32))
+        return (torch.empty_like(x), x.new_empty((x.shape[0], g), dtype=F._stats_dtype(x)),
+                x.new_empty((x.shape[0], g), dtype=F._stats_dtype(x)))
 
     @torch.library.custom_op("tpnorm::group_norm_backward", mutates_args=())
     def group_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
@@ -212,8 +212,8 @@ if AVAILABLE:
     @sync_batch_norm.register_fake
     def _(x, weight, bias, running_mean, running_var, handle, training, momentum, eps, stats):
         C = x.shape[1]
-        return (torch.empty_like(x), x.new_empty((C,), dtype=torch.float32),
-                x.new_empty((C,), dtype=torch.float32),
+        return (torch.empty_like(x), x.new_empty((C,), dtype=F._stats_dtype(x)),
+                x.new_empty((C,), dtype=F._stats_dtype(x)),
                 _absent(x) if running_mean is None else torch.empty_like(running_mean),
                 _absent(x) if running_var is None else torch.empty_like(running_var))
 
