@@ -10,6 +10,10 @@ turns each matched nn.LayerNorm / nn.RMSNorm into a hidden-sharded one in place:
 bias become DTensor parameters Shard(0) on the mesh (uneven as DTensor splits), the module's
 forward runs tpnorm's op on the local shards (one all-reduce of statistics per forward and per
 backward, no all-gather of activations), and state_dict keys stay those of the nn module.
+
+load_full_state_dict / full_state_dict do for tpnorm's own Sharded* row modules (plain-tensor
+parameters) what torch.distributed.checkpoint.state_dict does for DTensor parameters: an
+unsharded checkpoint loads slice by slice, and gathers back bit for bit.
 """
 from functools import partial
 
@@ -128,3 +132,80 @@ class HiddenShardedNorm(ParallelStyle):
         return (f"{type(self).__name__}(input_layouts={self.input_layouts}, "
                 f"output_layouts={self.output_layouts}, "
                 f"use_local_output={self.use_local_output})")
+
+
+# --- full state dicts ------------------------------------------------------------------------
+# A checkpoint of the unsharded model (an nn.LayerNorm's [H] weight) loads into a sharded one,
+# and the sharded one's full state dict gathers it back, bit for bit. For DTensor parameters
+# (HiddenShardedNorm, torch's own styles) that is torch's
+# torch.distributed.checkpoint.state_dict.{set,get}_model_state_dict(full_state_dict=True);
+# these two do the same for tpnorm's Sharded* / FusedAdd* row modules, whose parameters are
+# plain tensors holding this rank's columns.
+
+def _row_modules(model):
+    from .modules import _ShardedRowNorm
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, _ShardedRowNorm)]
+
+
+def _group_of(mod):
+    import torch.distributed as dist
+
+    g = mod.process_group
+    if g is None:
+        return dist.group.WORLD
+    if isinstance(g, dist.ProcessGroup):
+        return g
+    raise ValueError("tpnorm.parallel: full state dicts of modules over an mpi4py or tpnorm "
+                     "communicator are not supported; use a torch.distributed group")
+
+
+def _columns(mod):
+    """[start, stop) of this rank's columns, from the ranks' local sizes (collective)."""
+    import torch.distributed as dist
+
+    group = _group_of(mod)
+    sizes = [None] * dist.get_world_size(group)
+    dist.all_gather_object(sizes, mod.local_size, group=group)
+    start = sum(sizes[:dist.get_rank(group)])
+    return start, start + mod.local_size, sizes, group
+
+
+def load_full_state_dict(model, state_dict):
+    """Load an unsharded state dict (e.g. of the same model built with nn.LayerNorm) into
+    ``model``: each tpnorm row module takes its columns of the full [..., H] tensors; every
+    other entry loads as model.load_state_dict would (strict). Collective over each row
+    module's group."""
+    sd = dict(state_dict)
+    for name, mod in _row_modules(model):
+        start, stop, _, _ = _columns(mod)
+        prefix = f"{name}." if name else ""
+        for p in ("weight", "bias"):
+            key = prefix + p
+            if getattr(mod, p, None) is not None and key in sd:
+                sd[key] = sd[key][..., start:stop]
+    return model.load_state_dict(sd)
+
+
+def full_state_dict(model):
+    """``model.state_dict()`` with each tpnorm row module's parameters gathered to their full
+    [..., H] tensors on every rank (collective over each row module's group)."""
+    import torch
+    import torch.distributed as dist
+
+    sd = model.state_dict()
+    for name, mod in _row_modules(model):
+        _, _, sizes, group = _columns(mod)
+        prefix = f"{name}." if name else ""
+        for p in ("weight", "bias"):
+            t = getattr(mod, p, None)
+            if t is None:
+                continue
+            # all_gather needs equal sizes: pad every rank's columns to the widest, then cut.
+            width = max(sizes)
+            pad = torch.zeros(*t.shape[:-1], width, dtype=t.dtype)
+            pad[..., :t.shape[-1]] = t.detach()
+            parts = [torch.empty_like(pad) for _ in sizes]
+            dist.all_gather(parts, pad.contiguous(), group=group)
+            sd[prefix + p] = torch.cat([q[..., :n] for q, n in zip(parts, sizes)], dim=-1)
+    return sd
