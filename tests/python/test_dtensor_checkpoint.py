@@ -6,7 +6,6 @@
 # torch.distributed.checkpoint across TP sizes is dtensor_reshard.py (separate jobs).
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import tpnorm

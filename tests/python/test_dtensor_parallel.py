@@ -105,7 +105,8 @@ def test_trains_as_the_unsharded_model(norm, ff):
     for (name, p), (_, q) in zip(tp.named_parameters(), ref.named_parameters()):
         wrong(name, full_of(p.detach()), q.detach(), 1e-5, 1e-4, report)
     norm_mod = tp.blocks[0].norm
-    if not isinstance(norm_mod.weight, DTensor) or not isinstance(norm_mod, type(ref.blocks[0].norm)):
+    if not isinstance(norm_mod.weight, DTensor) or \
+            not isinstance(norm_mod, type(ref.blocks[0].norm)):
         report.append(f"norm not sharded: {type(norm_mod)} {type(norm_mod.weight)}")
     if gathers:
         report.append(f"{gathers} all-gathers in {steps} steps")
