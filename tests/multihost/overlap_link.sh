@@ -10,7 +10,9 @@
 # RATE: "host" (both ranks on host 1: the shared-memory exchange), "link" (one rank per host,
 # the link as the fixture makes it) or a number of Mbit/s (a token bucket on both ends of the
 # bridge, as in link_rate.sh). Default: host link 1000 200, with -n 15 --rows 4096 --cols 2048
-# (the example's documented run). For each it prints the example's exposed wait in finish()
+# (the example's documented run). A "+pt" after one (link+pt, 200+pt) runs it with Open MPI's
+# TCP progress thread (OMPI_MCA_btl_tcp_progress_thread=1): without it a message that arrives
+# while the ranks compute is read only in the next MPI call, i.e. in finish(). For each it prints the example's exposed wait in finish()
 # against the library's bare all-reduce of the same payload and against MPI_Allreduce, and the
 # blocking / split / matmul-alone times.
 set -uo pipefail
@@ -43,19 +45,28 @@ shape() {
   done
   shaped=1
 }
+unshape() {
+  local i
+  [ "$shaped" -eq 1 ] || return 0
+  for i in 1 2; do ip netns exec "$MH_BR" tc qdisc del dev "h$i" root; done
+  shaped=0
+}
 num() { sed -n "$1" "$log" | head -1; }
 
-printf '%-26s %11s %11s %7s %11s %7s %10s %10s %10s  %s\n' "ranks (2)" "exposed us" "bare us" \
+printf '%-38s %11s %11s %7s %11s %7s %10s %10s %10s  %s\n' "ranks (2)" "exposed us" "bare us" \
   "exp/bare" "MPI_Allred" "exp/MPI" "block ms" "split ms" "matmul ms" "small sums via"
 missing=0
-for rate in "${RATES[@]}"; do
+for token in "${RATES[@]}"; do
+  rate="${token%+pt}" pt=0
+  [ "$rate" = "$token" ] || pt=1
   case "$rate" in
-    host) hosts="$H1:2" what="both on host 1" ;;
-    link) hosts="$H1:1,$H2:1" what="one per host, link as is" ;;
+    host) unshape; hosts="$H1:2" what="both on host 1" ;;
+    link) unshape; hosts="$H1:1,$H2:1" what="one per host, link as is" ;;
     *[!0-9]*) echo "FAIL: rate '$rate' is not host, link or a number of Mbit/s"; exit 2 ;;
     *) shape "$rate"; hosts="$H1:1,$H2:1" what="one per host, $rate Mbit/s" ;;
   esac
-  mh_launch 300 "$H1" -n 2 --hosts "$hosts" "$MH_OVERLAP" --rows "$ROWS" --cols "$COLS" -n "$ITERS"
+  [ "$pt" -eq 0 ] || what="$what, TCP thread"
+  OMPI_MCA_btl_tcp_progress_thread="$pt" mh_launch 300 "$H1" -n 2 --hosts "$hosts" "$MH_OVERLAP" --rows "$ROWS" --cols "$COLS" -n "$ITERS"
   exposed="$(num 's/^overlap  exposed communication in finish() \([0-9.]*\) us vs bare all-reduce of the payload \([0-9.]*\) us.*/\1 \2/p')"
   mpi="$(num 's/^overlap  bare MPI_Allreduce of the payload \([0-9.]*\) us.*/\1/p')"
   times="$(num 's/^overlap  P=2 .*: blocking \([0-9.]*\) ms, split \([0-9.]*\) ms (matmul alone \([0-9.]*\) ms)/\1 \2 \3/p')"
@@ -64,7 +75,7 @@ for rate in "${RATES[@]}"; do
     echo "FAIL: $what: exit $rc, no figures"; sed 's/^/  | /' "$log"; missing=$((missing + 1)); continue
   fi
   read -r e b <<<"$exposed"; read -r tb ts tm <<<"$times"
-  fmt='%-26s %11.1f %11.1f %6.0f%% %11.1f %6.0f%% %10.1f %10.1f %10.1f  %s\n'
+  fmt='%-38s %11.1f %11.1f %6.0f%% %11.1f %6.0f%% %10.1f %10.1f %10.1f  %s\n'
   awk -v f="$fmt" -v w="$what" -v e="$e" -v b="$b" -v m="$mpi" -v tb="$tb" -v ts="$ts" -v tm="$tm" \
     -v via="$via" 'BEGIN { printf f, w, e, b, (b > 0 ? 100 * e / b : 0), m, (m > 0 ? 100 * e / m : 0), tb, ts, tm, via }' ||
     missing=$((missing + 1))

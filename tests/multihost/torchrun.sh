@@ -28,7 +28,7 @@ mh_skip_unless_able
 mh_up 2
 H1=$MH_PREFIX-h1 H2=$MH_PREFIX-h2
 PORT=29400
-RDZV_ID=tpnorm-mh-torchrun
+RDZV_ID=tpnorm-example
 log="$(mktemp -d)"; trap 'rm -rf "$log"; mh_cleanup' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
