@@ -2,10 +2,10 @@
 #
 # Each host is a network namespace (tpmh-h1, tpmh-h2, ...) with its own hostname (a UTS
 # namespace kept in $MH_RUN/HOST.uts), one interface eth0 with the address $MH_NET.I/24 and
-# an /etc/hosts (ip netns exec's /etc/netns/HOST/hosts) naming only the fixture's hosts. The
-# hosts' eth0 are veth pairs whose other ends (h1, h2, ...) sit on a bridge inside a namespace
-# of its own (tpmh-br). No namespace has a route anywhere else, and the root namespace gets no
-# interface, so nothing a test sends can leave the fixture.
+# an /etc/hosts (ip netns exec's /etc/netns/HOST/hosts) naming only localhost and the
+# fixture's hosts. The hosts' eth0 are veth pairs whose other ends (h1, h2, ...) sit on a
+# bridge inside a namespace of its own (tpmh-br). No namespace has a route anywhere else, and
+# the root namespace gets no interface, so nothing a test sends can leave the fixture.
 #
 # Processes reach a host through mh_exec, and mpirun reaches it through agent.sh, its remote
 # agent (--mca plm_rsh_agent): the path of a cluster's ssh, entering the host's namespaces
@@ -65,6 +65,8 @@ mh_up() {
   ip -n "$MH_BR" link set br0 up
   ip -n "$MH_BR" link set lo up
   hosts_file="$(mktemp)"
+  # localhost as every node names it (torch < 2.0's torchrun binds a free port on "localhost").
+  echo "127.0.0.1 localhost" >"$hosts_file"
   for ((i = 1; i <= n; ++i)); do echo "$MH_NET.$i $MH_PREFIX-h$i" >>"$hosts_file"; done
   for ((i = 1; i <= n; ++i)); do
     h="$MH_PREFIX-h$i"
