@@ -9,6 +9,8 @@
 * an ``mpi4py.MPI.Comm``: its Fortran handle goes to tpnorm's MPI communicator (MPI_Comm_f2c);
 * a ``tpnorm.Communicator`` (returned as is).
 """
+import atexit
+
 from . import _tpnorm as _C
 
 Communicator = _C.Communicator
@@ -17,6 +19,23 @@ Communicator = _C.Communicator
 # torch.compile traces a call that uses it): the torch.library ops take the handle.
 _comms = []
 _handles = {}
+
+
+# The torch process groups that communicators made here hold, released at exit (_release).
+_held_groups = []
+
+
+def _release():
+    """Lets go of every process group a communicator holds before the interpreter shuts down.
+    A communicator (in _comms, or a module at global scope) outlives the script; the group it
+    held was then destroyed during finalization, after parts of torch, where gloo's destructor
+    could end the process in std::terminate after a correct run. No op runs after this."""
+    for held in _held_groups:
+        held[0] = None
+    _held_groups.clear()
+
+
+atexit.register(_release)
 
 
 def handle_of(comm):
@@ -54,9 +73,11 @@ def from_process_group(group=None):
 
     if group is None:
         group = dist.group.WORLD
+    held = [group]
+    _held_groups.append(held)
 
     def all_reduce(capsule):
-        dist.all_reduce(from_dlpack(capsule), group=group)
+        dist.all_reduce(from_dlpack(capsule), group=held[0])
 
     return _registered(_C.callback_communicator(dist.get_rank(group), dist.get_world_size(group),
                                                 all_reduce))

@@ -23,6 +23,8 @@ shards, and DTensor would silently insert redistributes (an all-gather of activa
 input placement the strategy does not list. Here the placements are checked, never changed:
 the only collective in a forward or a backward is tpnorm's own all-reduce of statistics.
 """
+import atexit
+
 import torch
 
 from . import functional as F
@@ -38,6 +40,8 @@ except ImportError:  # torch 1.13 (Debian) and other old ones: plain tensors onl
 # One tpnorm communicator per process group, made on first use (as_communicator would make a
 # new one per call: its callback closure and handle are cheap but not free).
 _group_comms = {}
+# Its keys hold the process groups: dropped at exit, before finalization (see comm._release).
+atexit.register(_group_comms.clear)
 
 
 def is_dtensor(t):
