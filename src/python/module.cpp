@@ -26,18 +26,25 @@ namespace {
 
 using Obj = py::object;
 
+// tpnorm.Error: one exception type, a RuntimeError carrying the tpnorm::ErrorCode as .code.
+py::exception<Error>* error_type = nullptr;
+
+void set_error(const Error& e) {
+  auto exc =
+      py::reinterpret_steal<py::object>(PyObject_CallFunction(error_type->ptr(), "s", e.what()));
+  if (!exc) return;  // the call failed and set its own Python error
+  exc.attr("code") = static_cast<int>(e.code());
+  PyErr_SetObject(error_type->ptr(), exc.ptr());
+}
+
 void bind_errors(py::module_& m) {
-  // One exception type, a RuntimeError carrying the tpnorm::ErrorCode as .code.
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  error_type = &error;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      auto exc =
-          py::reinterpret_steal<py::object>(PyObject_CallFunction(error.ptr(), "s", e.what()));
-      if (!exc) return;  // the call failed and set its own Python error
-      exc.attr("code") = static_cast<int>(e.code());
-      PyErr_SetObject(error.ptr(), exc.ptr());
+      set_error(e);
     }
   });
   m.attr("INVALID_ARGUMENT") = static_cast<int>(ErrorCode::kInvalidArgument);
@@ -287,6 +294,21 @@ void bind_benchmark(py::module_& m) {
 }
 
 }  // namespace
+
+void set_python_error(std::exception_ptr p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const Error& e) {
+    set_error(e);
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "tpnorm: unknown C++ exception");
+  }
+}
+
 }  // namespace tpnorm::python
 
 PYBIND11_MODULE(_tpnorm, m) {
@@ -298,4 +320,5 @@ PYBIND11_MODULE(_tpnorm, m) {
   tpnorm::python::bind_fused(m);
   tpnorm::python::bind_channel_norms(m);
   tpnorm::python::bind_benchmark(m);
+  tpnorm::python::bind_eager_api(m);
 }

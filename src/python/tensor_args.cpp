@@ -105,7 +105,10 @@ TensorView TensorArgs::add(py::handle obj, const char* name) {
   if (obj.is_none()) return {};
   DLManagedTensor* m = import(obj, name);
   if (!m) return {};
-  const DLTensor& t = m->dl_tensor;
+  return add(m->dl_tensor, name);
+}
+
+TensorView TensorArgs::add(const DLTensor& t, const char* name) {
   TensorView v;
   if (t.ndim < 1 || t.ndim > Shape::kMaxDims) {
     fail(name, "has " + std::to_string(t.ndim) + " dimensions; tpnorm takes 1 to " +

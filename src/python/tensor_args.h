@@ -14,6 +14,7 @@
 #include <pybind11/pybind11.h>
 
 #include <deque>
+#include <exception>
 #include <functional>
 #include <string>
 
@@ -25,6 +26,13 @@ namespace tpnorm::python {
 /// "TypeName: message" of a Python exception, without the traceback pybind11 appends.
 std::string error_text(const pybind11::error_already_set& e);
 
+/// Sets the Python error for exception `p` as the module's translator does (a tpnorm::Error
+/// becomes tpnorm.Error with its .code). module.cpp; for callers outside pybind11's dispatch.
+void set_python_error(std::exception_ptr p);
+
+/// Publishes eager_api.h's table (eager_api.cpp).
+void bind_eager_api(pybind11::module_& m);
+
 class TensorArgs {
  public:
   TensorArgs() = default;
@@ -34,6 +42,11 @@ class TensorArgs {
 
   /// The view of `obj` (None: the absent view). `name` is a string literal naming the argument.
   TensorView add(pybind11::handle obj, const char* name);
+
+  /// The view of a tensor described by `t` (its producer keeps the memory alive for the
+  /// call), with the same checks: the C++ autograd path (eager_api.h) describes torch
+  /// tensors this way, without a capsule.
+  TensorView add(const DLTensor& t, const char* name);
 
   /// Runs the op without the GIL (its CPU threads and a process group's callback need it
   /// free), first handing any recorded failure to the op's agreement.

@@ -47,6 +47,19 @@ def handle_of(comm):
     return h
 
 
+_addresses = {}
+
+
+def address_of(comm):
+    """The address of the tpnorm Communicator ``comm`` for tpnorm._autograd (registered, so
+    alive as long as the process, as handle_of's)."""
+    a = _addresses.get(id(comm))
+    if a is None or a[0] is not comm:
+        handle_of(comm)
+        a = _addresses[id(comm)] = (comm, _C.address_of(comm))
+    return a[1]
+
+
 def _registered(comm):
     handle_of(comm)
     return comm

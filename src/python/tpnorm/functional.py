@@ -9,11 +9,12 @@ must be contiguous (row-major), outputs are allocated here. Saved statistics are
 Every rank must make the same calls in the same order, backward included.
 """
 import math
+import os
 
 import torch
 
 from . import _tpnorm as _C
-from .comm import as_communicator
+from .comm import address_of, as_communicator
 
 _STATS = {"robust": _C.Stats.ROBUST, "naive": _C.Stats.NAIVE, "exact": _C.Stats.EXACT}
 _opts_cache = {}
@@ -35,14 +36,17 @@ def norm_options(eps=1e-5, stats="robust", hidden_size=0, check_agreement=True, 
 # requires grad (so it would need a detach() first) and adds Python-level checks; together
 # those cost about as much as the C++ call itself on a small tensor. The capsule views the same
 # memory and records nothing for autograd. Without the private entry point: detach().
-_to_dlpack = getattr(torch._C, "_to_dlpack", None)
+_to_dlpack = getattr(torch._C, "_to_dlpack", None) or (lambda t: t.detach())
+
+_F32, _F64, _CONTIGUOUS = torch.float32, torch.float64, torch.contiguous_format
+_EPS32, _EPS64 = torch.finfo(_F32).eps, torch.finfo(_F64).eps
 
 
 def _d(t):
-    """The tensor as the binding takes it (None stays None)."""
-    if t is None:
-        return None
-    return _to_dlpack(t) if _to_dlpack is not None else t.detach()
+    """The tensor as the binding takes it (None stays None). The row norms' hot path calls
+    _to_dlpack directly on the tensors that cannot be None: at [4, 64] every Python call
+    there is a few per cent of the op."""
+    return None if t is None else _to_dlpack(t)
 
 
 def _empty(shape, like, dtype=None):
@@ -54,13 +58,13 @@ def _like(t):
     """A contiguous tensor of t's shape, dtype and device (never t's strides): empty_like with
     contiguous_format, the cheapest allocation torch has; torch.empty's keyword parsing costs
     about a microsecond more, a tenth of a small call."""
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return torch.empty_like(t, memory_format=_CONTIGUOUS)
 
 
 def _stats_dtype(x):
     """The dtype of saved statistics: float64 for a float64 input (the float64 kernels round
     nothing to float32, as torch.autograd.gradcheck needs), else float32."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+    return _F64 if x.dtype is _F64 else _F32
 
 
 def _rows(x):
@@ -85,57 +89,99 @@ def _grads(like, weight, channels, has_bias, bias_dtype=None):
 
 def _row_norm_forward(comm, x, weight, bias, opt, centered):
     """(y, mean, rstd) of LayerNorm (centered) or RMSNorm (mean: None) of hidden-sharded rows."""
-    rows = _rows(x)
-    y = _like(x)
-    rstd = _empty((rows,), x, _stats_dtype(x))
-    mean = _empty((rows,), x, _stats_dtype(x)) if centered else None
+    rows, sdt = _rows(x), _stats_dtype(x)
+    y = torch.empty_like(x, memory_format=_CONTIGUOUS)
+    rstd = x.new_empty((rows,), dtype=sdt)
     if centered:
-        _C.layer_norm_forward(comm, _d(x), _d(weight), _d(bias), _d(y), _d(mean), _d(rstd),
-                              opt)
-    else:
-        _C.rms_norm_forward(comm, _d(x), _d(weight), _d(y), _d(rstd), opt)
-    return y, mean, rstd
+        mean = x.new_empty((rows,), dtype=sdt)
+        _C.layer_norm_forward(comm, _to_dlpack(x), _d(weight), _d(bias), _to_dlpack(y),
+                              _to_dlpack(mean), _to_dlpack(rstd), opt)
+        return y, mean, rstd
+    _C.rms_norm_forward(comm, _to_dlpack(x), _d(weight), _to_dlpack(y), _to_dlpack(rstd), opt)
+    return y, None, rstd
 
 
 def _row_norm_backward(comm, dy, x, weight, mean, rstd, opt, centered, has_bias, bias_dtype):
     """(dx, dweight, dbias) of _row_norm_forward (None for an absent parameter)."""
-    dx, dw, db = _grads(x, weight, x.shape[-1], has_bias, bias_dtype)
+    dx = torch.empty_like(x, memory_format=_CONTIGUOUS)
+    dw = None if weight is None else torch.empty_like(weight, memory_format=_CONTIGUOUS)
+    dy = _grad(dy, x)
     if centered:
-        _C.layer_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(mean), _d(rstd),
-                               _d(dx), _d(dw), _d(db), opt)
-    else:
-        _C.rms_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(rstd), _d(dx),
-                             _d(dw), opt)
-    return dx, dw, db
+        db = x.new_empty((x.shape[-1],), dtype=bias_dtype or x.dtype) if has_bias else None
+        _C.layer_norm_backward(comm, _to_dlpack(dy), _to_dlpack(x), _d(weight),
+                               _to_dlpack(mean), _to_dlpack(rstd), _to_dlpack(dx), _d(dw),
+                               _d(db), opt)
+        return dx, dw, db
+    _C.rms_norm_backward(comm, _to_dlpack(dy), _to_dlpack(x), _d(weight), _to_dlpack(rstd),
+                         _to_dlpack(dx), _d(dw), opt)
+    return dx, dw, None
+
+
+def _load_autograd():
+    """(tpnorm._autograd, None) when it was built for the torch running, else (None, why).
+    The version is checked before the import: a module built against another torch would load
+    that torch's libraries into this process."""
+    if os.environ.get("TPNORM_PYTHON_AUTOGRAD", "0") not in ("", "0"):
+        return None, "TPNORM_PYTHON_AUTOGRAD is set"
+    stamp = os.path.join(os.path.dirname(__file__), "_autograd.torch-version")
+    try:
+        with open(stamp) as f:
+            built = f.read().strip()
+    except OSError:
+        return None, ("tpnorm._autograd was not built (it needs torch's C++ headers at build "
+                      "time; see docs/python.md)")
+    if built != torch.__version__:
+        return None, f"tpnorm._autograd was built for torch {built}, not {torch.__version__}"
+    from . import _autograd
+    return _autograd, None
+
+
+# The row norms' eager autograd: C++ (tpnorm._autograd) where it was built for this torch, else
+# the Python Function _RowNorm below; CPP_AUTOGRAD says which, CPP_AUTOGRAD_REASON why not.
+_autograd, CPP_AUTOGRAD_REASON = _load_autograd()
+CPP_AUTOGRAD = _autograd is not None
+_Tensor = torch.Tensor
+_opt_addresses = {}
+
+
+def _opt_address(eps, stats, hidden):
+    """The address of the cached norm_options (alive as long as the process)."""
+    key = (eps, stats, hidden)
+    a = _opt_addresses.get(key)
+    if a is None:
+        a = _opt_addresses[key] = _C.address_of(norm_options(eps, stats, hidden))
+    return a
 
 
 class _RowNorm(torch.autograd.Function):
-    """LayerNorm (centered) or RMSNorm over the hidden dimension sharded across comm."""
+    """LayerNorm (centered) or RMSNorm over the hidden dimension sharded across comm; ``call``
+    is (comm, opt, centered), one argument so that apply and ctx carry one object."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, comm, opt, centered):
-        y, mean, rstd = _row_norm_forward(comm, x, weight, bias, opt, centered)
+    def forward(ctx, x, weight, bias, call):
+        y, mean, rstd = _row_norm_forward(call[0], x, weight, bias, call[1], call[2])
         ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.comm, ctx.opt, ctx.centered, ctx.has_bias = comm, opt, centered, bias is not None
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.call, ctx.bias_dtype = call, None if bias is None else bias.dtype
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = _row_norm_backward(ctx.comm, dy, x, weight, mean, rstd, ctx.opt,
-                                        ctx.centered, ctx.has_bias, ctx.bias_dtype)
-        return dx, dw, db, None, None, None
+        comm, opt, centered = ctx.call
+        bias_dtype = ctx.bias_dtype
+        dx, dw, db = _row_norm_backward(comm, dy, x, weight, mean, rstd, opt, centered,
+                                        bias_dtype is not None, bias_dtype)
+        return dx, dw, db, None
 
 
 def _row_shape(x, normalized_shape, eps):
     """(hidden size, x and the parameters' flattening, eps) of a row norm over the trailing
     dims normalized_shape (the last one sharded): rows are x's leading dims."""
     k = len(normalized_shape)
-    hidden = math.prod(normalized_shape)
+    hidden = normalized_shape[0] if k == 1 else math.prod(normalized_shape)
     if eps is None:  # torch.nn.RMSNorm's default: the epsilon of its compute type
-        eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
-    return k, hidden, float(eps)
+        eps = _EPS64 if x.dtype is _F64 else _EPS32
+    return k, hidden, eps
 
 
 def _flat(t, k):
@@ -145,14 +191,25 @@ def _flat(t, k):
 def _row_norm(x, normalized_shape, weight, bias, comm, eps, stats, centered, handle=None):
     """The row norm through the torch.library op while torch.compile traces, else through
     the autograd Function (``handle``: the module's, looked up when None)."""
+    if len(normalized_shape) == 1 and eps is not None and not _lib.compiling():
+        # The common case, with nothing to flatten: at [4, 64] each Python call saved here is
+        # a per cent of the op.
+        if _autograd is not None and type(x) is _Tensor:
+            return _autograd.row_norm(x, weight, bias, address_of(comm),
+                                      _opt_address(eps, stats, normalized_shape[0]), centered)
+        opt = norm_options(eps, stats, normalized_shape[0])
+        return _RowNorm.apply(x, weight, bias, (comm, opt, centered))
     k, hidden, eps = _row_shape(x, normalized_shape, eps)
     shape, x = x.shape, _flat(x, k)
     weight, bias = _flat(weight, k), _flat(bias, k)
     if _lib.compiling():
         h = _lib.comm_handle(comm) if handle is None else handle
-        y = _lib.row_norm(x, weight, bias, h, eps, stats, centered, hidden)[0]
+        y = _lib.row_norm(x, weight, bias, h, float(eps), stats, centered, hidden)[0]
+    elif _autograd is not None and type(x) is _Tensor:
+        y = _autograd.row_norm(x, weight, bias, address_of(comm),
+                               _opt_address(eps, stats, hidden), centered)
     else:
-        y = _RowNorm.apply(x, weight, bias, comm, norm_options(eps, stats, hidden), centered)
+        y = _RowNorm.apply(x, weight, bias, (comm, norm_options(eps, stats, hidden), centered))
     return y if k == 1 else y.view(shape)
 
 
@@ -243,8 +300,8 @@ def _fused_add_norm(x, f, normalized_shape, weight, bias, alpha, comm, eps, stat
     weight, bias = _flat(weight, k), _flat(bias, k)
     if _lib.compiling():
         h = _lib.comm_handle(comm) if handle is None else handle
-        out = _lib.fused_add_norm(x, f, weight, bias, float(alpha), h, eps, stats, centered,
-                                  hidden)
+        out = _lib.fused_add_norm(x, f, weight, bias, float(alpha), h, float(eps), stats,
+                                  centered, hidden)
         h, y = out[0], out[1]
     else:
         h, y = _FusedAddNorm.apply(x, f, weight, bias, float(alpha), comm,
