@@ -6,15 +6,26 @@ A measurement, not a test.
     PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 examples/python/overhead.py
     OMP_NUM_THREADS=1 .venv-torch/bin/python examples/python/overhead.py   # the PyPI torch
 
+At large shapes the module's forward and backward write fresh tensors (autograd needs new
+outputs) while the C++ loop reuses its own: under glibc's default malloc a large tensor is
+often mapped afresh (and unmapped when freed), so each of its pages faults on first touch. A
+setting that keeps freed memory for reuse shows the Python layer's own cost (torch on CPU is
+often run with jemalloc or tcmalloc for the same reason):
+
+    GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296 \
+        OMP_NUM_THREADS=1 .venv-torch/bin/python examples/python/overhead.py
+
 For each shape (default 4x64 and 4096x1024) prints the median of 5 blocks of calls,
 microseconds per call, for:
   C++ loop              layer_norm_forward (and _backward) called from C++
   binding               tpnorm._tpnorm.layer_norm_forward from Python (DLPack + pybind11)
   functional, no grad   tpnorm.layer_norm under torch.no_grad() (allocates y, mean, rstd)
-  module fwd+bwd        y = ShardedLayerNorm(x); y.backward(dy) through torch.autograd
+  module fwd+bwd        y = ShardedLayerNorm(x); y.backward(dy) through torch.autograd (the
+                        C++ autograd function of tpnorm._autograd, or the Python Function
+                        where it is not built: the header says which)
   nn.LayerNorm fwd+bwd  the same through torch.nn.LayerNorm
-  empty Function        a torch.autograd.Function that only allocates its outputs: the fixed
-                        cost of autograd written in Python, which tpnorm's is
+  empty Function        a Python torch.autograd.Function that only allocates its outputs:
+                        the fixed cost of autograd written in Python, the fallback's floor
 Each fwd+bwd clears the gradients first (set to None, as optimizer.zero_grad() does).
 and the two ratios: module / nn.LayerNorm and module / C++ loop (forward + backward).
 """
@@ -77,8 +88,7 @@ def measure(rows, hidden, iters):
 
     class Empty(torch.autograd.Function):
         """A Python autograd Function that only allocates its outputs: the floor of any op
-        whose autograd is written in Python, as tpnorm's is (torch has no other hook for an op
-        of a library that does not link libtorch)."""
+        whose autograd is written in Python, as tpnorm's fallback is."""
 
         @staticmethod
         def forward(ctx, x, w, b):
@@ -101,8 +111,10 @@ def measure(rows, hidden, iters):
                 ("functional, no grad", per_call(functional, iters)),
                 ("C++ loop, fwd+bwd", cpp_fb), ("module fwd+bwd", module_fb),
                 ("nn.LayerNorm fwd+bwd", torch_fb), ("empty Function fwd+bwd", floor_fb)]
-    print(f"# LayerNorm [{rows}, {hidden}] fp32, 1 process, 1 thread, torch {torch.__version__}; "
-          f"median of 5 blocks of {iters} calls (us per call)")
+    path = "C++ autograd (tpnorm._autograd)" if tpnorm.functional.CPP_AUTOGRAD else \
+        f"Python autograd Function ({tpnorm.functional.CPP_AUTOGRAD_REASON})"
+    print(f"# LayerNorm [{rows}, {hidden}] fp32, 1 process, 1 thread, torch {torch.__version__}, "
+          f"{path}; median of 5 blocks of {iters} calls (us per call)")
     for name, t in rows_out:
         print(f"{name:24s} {t * 1e6:10.2f}")
     print(f"# module fwd+bwd / nn.LayerNorm fwd+bwd = {module_fb / torch_fb:.2f}x, "
