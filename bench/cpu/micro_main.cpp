@@ -53,7 +53,7 @@ std::vector<PairCase>& pair_cases() {
 struct PeerCase {
   std::string lib;
   Problem p;
-  std::function<Call()> make;
+  std::function<PeerCall(int)> make;
 };
 std::vector<PeerCase>& peer_cases() {
   static std::vector<PeerCase> c;
@@ -159,9 +159,8 @@ void pair_bench(benchmark::State& st, const PairCase& c, int threads) {
   st.counters["exact_B"] = static_cast<double>(b2 - b1);
 }
 
-// A peer's benchmark: its make() and its first call (where it checks its output against
-// tpnorm's) outside the timed loop; a failed check is printed once and kept as the benchmark's
-// label. Google Benchmark calls a benchmark's function again for each estimate of the iterations
+// A peer's benchmark: its make (which checks its output against tpnorm's) outside the timed
+// loop; a failed check is printed once and kept as the benchmark's label. Google Benchmark calls a benchmark's function again for each estimate of the iterations
 // and each repetition: the last peer made is kept for the next call of the same benchmark (only
 // one, so that one case's tensors are alive at a time).
 struct LastPeer {
@@ -185,12 +184,11 @@ void register_peers() {
                 last.name.clear();
                 last.call = nullptr;  // the previous peer's tensors go first
                 try {
-                  last.call = c.make();
-                  try {
-                    last.call(t);
-                  } catch (const PeerMismatch& e) {
-                    std::fprintf(stderr, "error: %s: %s\n", name.c_str(), e.what());
-                    last.mismatch[name] = std::string("MISMATCH: ") + e.what();
+                  PeerCall pc = c.make(t);
+                  last.call = std::move(pc.call);
+                  if (!pc.mismatch.empty()) {
+                    std::fprintf(stderr, "error: %s: %s\n", name.c_str(), pc.mismatch.c_str());
+                    last.mismatch[name] = "MISMATCH: " + pc.mismatch;
                   }
                 } catch (const std::exception& e) {
                   last.call = nullptr;
@@ -337,7 +335,7 @@ void print_pairs(const std::map<std::string, std::map<std::string, double>>& m) 
 
 }  // namespace
 
-void add_peer(const std::string& lib, const Problem& p, std::function<Call()> make) {
+void add_peer(const std::string& lib, const Problem& p, std::function<PeerCall(int)> make) {
   peer_cases().push_back({lib, p, std::move(make)});
 }
 

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,17 +57,19 @@ PeerResult tpnorm_result(const Problem& p, const PeerInputs& in, int threads = 1
 /// "" when `got` (n values) matches `ref`, else a message naming the output and the difference.
 std::string compare(const std::string& name, const float* got, const Floats& ref);
 
-/// A peer's output that differs from tpnorm's (thrown by the peer's first call at a thread count).
-struct PeerMismatch : std::runtime_error {
-  using std::runtime_error::runtime_error;
+/// A peer's call at its thread count, made and run once, and how its output differs from
+/// tpnorm's ("" when it matches; peers check at the first make at each thread count).
+struct PeerCall {
+  Call call;
+  std::string mismatch;
 };
 
 /// Registers a peer's benchmark, "peer/LIB/OP/PASS/SHAPE/threads:T", on the clock of tpnorm's
-/// case at the same threads. The call `make` returns checks its output on its first call at a
-/// thread count (the warm-up): a PeerMismatch is printed as an error and put in the benchmark's
-/// label ("MISMATCH: ..."), and the peer is still timed (the table marks the cell and does not
-/// count it as the best peer); any other exception is the benchmark's error, and it is not timed.
-void add_peer(const std::string& lib, const Problem& p, std::function<Call()> make);
+/// case at the same threads; `make(T)` runs outside the timed loop. A mismatch is printed as an
+/// error and kept in the benchmark's label ("MISMATCH: ..."); the peer is still timed (the table
+/// marks the cell and does not count it as the best peer). An exception from `make` is the
+/// benchmark's error, and it is not timed.
+void add_peer(const std::string& lib, const Problem& p, std::function<PeerCall(int threads)> make);
 
 /// What a peer library is (its version) or why it is not in this build: `--peers_info` prints it.
 void add_peer_info(const std::string& lib, const std::string& text);

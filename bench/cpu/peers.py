@@ -30,6 +30,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -118,8 +119,8 @@ def main():
                     help="regex on OP/PASS/SHAPE, e.g. '4096x512|32x64x56x56' (default: all)")
     ap.add_argument("--threads", default="1,2", help="1, 2 or 1,2 (default 1,2)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every program (default 3)")
-    ap.add_argument("--repetitions", type=int, default=2,
-                    help="repetitions of each case per round (default 2)")
+    ap.add_argument("--repetitions", type=int, default=1,
+                    help="repetitions of each case per round (default 1)")
     ap.add_argument("--min-time", type=float, default=0.1,
                     help="seconds per repetition (default 0.1)")
     ap.add_argument("--torch-fresh-pages", action="store_true",
@@ -147,6 +148,13 @@ def main():
     torches = torch_columns(args)
 
     tmp = tempfile.mkdtemp(prefix="tpnorm-peers-")
+    try:
+        return measure(args, threads, onednn, have_onednn, torches, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args, threads, onednn, have_onednn, torches, tmp):
     ref = os.path.join(tmp, "ref")
     os.mkdir(ref)
     r = run([args.micro, "--peers_ref=" + ref, "--peers_filter=" + args.shapes])
@@ -324,9 +332,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"onednn": onednn, "torch": {c[1]: c[3] or c[2] for c in torches},
                        "cpu": cpu_model(), "rows": results}, f, indent=1)
-    subprocess.run(["rm", "-rf", tmp])
-    sys.exit(1 if n_bad else 0)
+    return 1 if n_bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -87,14 +87,16 @@ def inputs(p):
     n = 1
     for d in p["dims"]:
         n *= d
-    i = torch.arange(n, dtype=torch.int64)
-    x = 3.0 + ((i * 37) & 1023).to(torch.float32) * 1e-3
-    dy = ((i * 11) & 511).to(torch.float32) * 1e-3 - 0.25
+    # fill_inputs (micro.h): x[i] = 3 + ((37 i) & 1023) * 1e-3, dy[i] = ((11 i) & 511) * 1e-3 - 1/4
+    # in float32; both repeat every 1024 values (every shape here is a multiple of 1024).
+    assert n % 1024 == 0
+    i = torch.arange(1024, dtype=torch.int64)
+    x = (3.0 + ((i * 37) & 1023).to(torch.float32) * 1e-3).repeat(n // 1024)
+    dy = (((i * 11) & 511).to(torch.float32) * 1e-3 - 0.25).repeat(n // 1024)
     c = p["dims"][-1] if p["layout"] != "NCHW" else p["dims"][1]
     j = torch.arange(c, dtype=torch.int64)
     gamma = 1.0 + ((j * 7) & 15).to(torch.float32) / 32.0
     beta = ((j * 5) & 7).to(torch.float32) / 8.0 - 0.5
-    del i
     x, dy = x.reshape(p["dims"]), dy.reshape(p["dims"])
     if p["op"] == "SyncBN" and p["layout"] == "NHWC":  # logical NCHW over NHWC memory
         x, dy = x.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)
@@ -226,39 +228,42 @@ def main():
     torch.set_num_interop_threads(1)
     res = {"lib": a.lib, "torch": torch.__version__, "results": {}}
     cells = res["results"]
-    # Every (problem, threads) once per repetition, in a random order per repetition, so that
-    # load from other processes spreads over all of them; the last problem's tensors are kept.
-    work = [(p, t) for p in problems for t in threads]
+    # Every problem once per repetition at each thread count, problems in a random order per
+    # repetition (and the thread counts in a random order), so that load from other processes
+    # spreads over all of them; a problem's tensors are made once per repetition.
     rng = random.Random(a.seed)
-    cur = (None, None)
     for rep in range(a.repetitions):
-        order = work[:]
+        order = problems[:]
         rng.shuffle(order)
-        for p, t in order:
-            name = bench_name(a.lib, p, t)
-            cell = cells.setdefault(name, {"gbps": []})
-            if "skipped" in cell:
-                continue
-            torch.set_num_threads(t)
-            if cur[0] is not p:
-                cur = (None, None)
-                try:
-                    cur = (p, Case(p, tol, eps))
-                except NotImplementedError as e:
-                    cell["skipped"] = str(e)
+        for p in order:
+            case = None
+            ts = threads[:]
+            rng.shuffle(ts)
+            for t in ts:
+                name = bench_name(a.lib, p, t)
+                cell = cells.setdefault(name, {"gbps": []})
+                if "skipped" in cell:
                     continue
-            case = cur[1]
-            cell["note"] = case.note
-            if "checked" not in cell:
-                err = case.check()  # also the warm-up
-                cell["checked"] = True
-                if err:
-                    cell["mismatch"] = "torch's output differs from tpnorm's: " + err
-                    print("error: %s: %s" % (name, cell["mismatch"]), file=sys.stderr)
-            else:
-                case.call()  # warm-up
-            s = time_once(case.call, t, a.min_time)
-            cell["gbps"].append(nbytes(p) / s / 1e9)
+                torch.set_num_threads(t)
+                if case is None:
+                    try:
+                        case = Case(p, tol, eps)
+                    except NotImplementedError as e:
+                        for u in threads:
+                            cells.setdefault(bench_name(a.lib, p, u), {})["skipped"] = str(e)
+                        break
+                cell["note"] = case.note
+                if "checked" not in cell:
+                    err = case.check()  # also the warm-up
+                    cell["checked"] = True
+                    if err:
+                        cell["mismatch"] = "torch's output differs from tpnorm's: " + err
+                        print("error: %s: %s" % (name, cell["mismatch"]), file=sys.stderr)
+                else:
+                    case.call()  # warm-up
+                s = time_once(case.call, t, a.min_time)
+                cell["gbps"].append(nbytes(p) / s / 1e9)
+            del case
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
 
