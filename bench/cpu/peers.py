@@ -247,7 +247,7 @@ def measure(args, threads, onednn, have_onednn, torches, tmp):
     head = ["op", "pass", "shape", "layout", "thr", "tpnorm"] + [c[0] for c in peer_cols] + [
         "best peer", "tpnorm/best"]
     rows, results = [], []
-    n_checked = n_bad = 0
+    n_checked = n_bad = n_err = 0
     for op, pas, shape, layout in problems:
         for t in threads:
             key = "%s/%s/%s/threads:%d" % (op, pas, shape, t)
@@ -274,7 +274,7 @@ def measure(args, threads, onednn, have_onednn, torches, tmp):
                 rec["peers"][lib] = {"gbps": g, "check": mark or "passed"}
                 if mark and mark.startswith("error"):
                     cells.append("err")
-                    n_bad += 1
+                    n_err += 1
                     continue
                 n_checked += 1
                 if mark:
@@ -323,16 +323,16 @@ def measure(args, threads, onednn, have_onednn, torches, tmp):
     if not args.torch_fresh_pages and live:
         print("torch runs with MALLOC_MMAP_MAX_=0 so that outputs it allocates per call reuse "
               "freed memory (--torch-fresh-pages: without).")
-    if n_bad:
-        print("checks: FAILED: %d of %d peer cells differ from tpnorm's or failed (marked)." % (
-            n_bad, n_checked + (n_bad - sum(1 for m in marks.values() if m.startswith("MISM")))))
+    if n_bad or n_err:
+        print("checks: FAILED: %d of %d peer outputs differ from tpnorm's (marked !), %d peer "
+              "cells failed to run (err)." % (n_bad, n_checked, n_err))
     else:
         print("checks: passed: all %d peer outputs matched tpnorm's." % n_checked)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"onednn": onednn, "torch": {c[1]: c[3] or c[2] for c in torches},
                        "cpu": cpu_model(), "rows": results}, f, indent=1)
-    return 1 if n_bad else 0
+    return 2 if n_err else 1 if n_bad else 0
 
 
 if __name__ == "__main__":
