@@ -207,8 +207,8 @@ void register_peers() {
     }
 }
 
-void register_all() {
-  register_peers();
+void register_all(bool peers) {
+  if (peers) register_peers();
   for (const PairCase& c : pair_cases())
     for (int t : kThreads)
       benchmark::RegisterBenchmark(pair_name(c, t).c_str(),
@@ -354,9 +354,18 @@ void add_mode_pair(const std::string& op, const std::string& pass, const std::st
 int main(int argc, char** argv) {
   int rc = 0;
   if (tpnorm_perf::peers_command(argc, argv, rc)) return rc;
+  // --peers: the peers' benchmarks too ("peer/LIB/..."; bench/cpu/peers.py passes it).
+  bool peers = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--peers") == 0) {
+      peers = true;
+      for (int j = i; j < argc; ++j) argv[j] = argv[j + 1];
+      --argc;
+      break;
+    }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  tpnorm_perf::register_all();
+  tpnorm_perf::register_all(peers);
   tpnorm_perf::Collect rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   tpnorm_perf::print_table(rep.gbps);

@@ -1,5 +1,6 @@
 // micro_peers.cpp — the peers table's problems (peers.h), tpnorm's result on them, the check of
-// a peer's output, and the two flags of tpnorm_micro that serve bench/cpu/peers.py:
+// a peer's output, and the flags of tpnorm_micro that serve bench/cpu/peers.py (--peers, read by
+// micro_main.cpp, registers the peers' benchmarks next to tpnorm's; without it only tpnorm's run):
 //   --peers_info           prints one line per peer library: LIB<TAB>its version, or why it is
 //                          not in this build; then exits
 //   --peers_ref=DIR        writes tpnorm's result on every problem that --peers_filter=REGEX

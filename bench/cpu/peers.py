@@ -189,7 +189,7 @@ def measure(args, threads, onednn, have_onednn, torches, tmp):
 
     def micro_round(k):
         out = os.path.join(tmp, "micro-%d.json" % k)
-        r = run([args.micro, "--benchmark_filter=" + micro_filter,
+        r = run([args.micro, "--peers", "--benchmark_filter=" + micro_filter,
                  "--benchmark_repetitions=%d" % args.repetitions,
                  "--benchmark_min_time=%g" % args.min_time,
                  "--benchmark_enable_random_interleaving=true",
@@ -311,8 +311,9 @@ def measure(args, threads, onednn, have_onednn, torches, tmp):
     for lib, why in peer_cols:
         if why:
             print("%s: %s" % (lib, why))
-    print("oneDNN: layer_normalization / batch_normalization primitives, outputs and scratchpad "
-          "preallocated; RMSNorm n/a (oneDNN 2.x has no RMS normalization).")
+    if have_onednn:
+        print("oneDNN: layer_normalization / batch_normalization primitives, outputs and scratchpad "
+              "preallocated; RMSNorm n/a (oneDNN 2.x has no RMS normalization).")
     for c in live:
         by_note = {}
         for (lib, op, pas), n in sorted(notes.items()):
