@@ -8,7 +8,7 @@
 Needs no torch itself. It runs, in one window:
   1. `tpnorm_micro --peers_info` (which oneDNN, or why none) and `tpnorm_micro --peers_ref=DIR`
      (tpnorm's result on every problem the --shapes regex matches on "OP/PASS/SHAPE");
-  2. --rounds rounds, each in a random order: tpnorm_micro on tpnorm's cases and oneDNN's
+  2. --rounds rounds, each in a random order: tpnorm_micro --peers on tpnorm's cases and oneDNN's
      (--repetitions interleaved at random, every repetition kept), and peers_torch.py under each
      torch (the same repetitions, also in a random order);
   3. one table of the medians over every repetition of every round: GB/s of the op's minimum
@@ -319,8 +319,10 @@ def measure(args, threads, onednn, have_onednn, torches, tmp):
         for (lib, op, pas), n in sorted(notes.items()):
             if lib == c[1] and n:
                 by_note.setdefault(n, []).append("%s %s" % (op, pas))
-        print("%s: %s." % (c[1], "; ".join("%s (%s)" % (n, ", ".join(w))
-                                           for n, w in by_note.items())))
+        why_na = sorted({"%s %s" % (name.split("/")[2], why) for name, why in skipped.items()
+                         if name.split("/")[1] == c[1]})
+        print("%s: %s." % (c[1], "; ".join(["%s (%s)" % (n, ", ".join(w))
+                                            for n, w in by_note.items()] + why_na)))
     if not args.torch_fresh_pages and live:
         print("torch runs with MALLOC_MMAP_MAX_=0 so that outputs it allocates per call reuse "
               "freed memory (--torch-fresh-pages: without).")
