@@ -34,7 +34,10 @@ struct Problem {
 
 constexpr double kPeerEps = 1e-5;
 /// A peer's output matches when max |peer - tpnorm| <= kPeerTol * max(1, max |tpnorm|).
-constexpr double kPeerTol = 1e-3;
+/// 4e-3: float32 channel sums over 10^5 values around 3.5 (NHWC SyncBatchNorm at one thread)
+/// put oneDNN's and torch's y 1.8e-3 of its scale from the float64 value, which tpnorm
+/// matches; a wrong eps (1e-3 for 1e-5) moves y by 5e-3 of it and still fails.
+constexpr double kPeerTol = 4e-3;
 
 /// Every problem of the peers table, in the table's order.
 const std::vector<Problem>& peer_problems();
