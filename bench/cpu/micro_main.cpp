@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "micro.h"
+#include "peers.h"
 #include "stream_copy.h"
 
 namespace tpnorm_perf {
@@ -46,6 +47,16 @@ struct PairCase {
 };
 std::vector<PairCase>& pair_cases() {
   static std::vector<PairCase> c;
+  return c;
+}
+
+struct PeerCase {
+  std::string lib;
+  Problem p;
+  std::function<PeerCall(int)> make;
+};
+std::vector<PeerCase>& peer_cases() {
+  static std::vector<PeerCase> c;
   return c;
 }
 
@@ -148,7 +159,56 @@ void pair_bench(benchmark::State& st, const PairCase& c, int threads) {
   st.counters["exact_B"] = static_cast<double>(b2 - b1);
 }
 
-void register_all() {
+// A peer's benchmark: its make (which checks its output against tpnorm's) outside the timed
+// loop; a failed check is printed once and kept as the benchmark's label. Google Benchmark calls a benchmark's function again for each estimate of the iterations
+// and each repetition: the last peer made is kept for the next call of the same benchmark (only
+// one, so that one case's tensors are alive at a time).
+struct LastPeer {
+  std::string name;
+  Call call;
+  std::map<std::string, std::string> mismatch;  // by benchmark name
+};
+LastPeer& last_peer() {
+  static LastPeer p;
+  return p;
+}
+
+void register_peers() {
+  for (const PeerCase& c : peer_cases())
+    for (int t : kThreads) {
+      const std::string name = "peer/" + c.lib + "/" + c.p.tpnorm_name(t);
+      const int64_t bytes = c.p.bytes();
+      clock(t, benchmark::RegisterBenchmark(name.c_str(), [c, t, name, bytes](benchmark::State& st) {
+              LastPeer& last = last_peer();
+              if (last.name != name) {
+                last.name.clear();
+                last.call = nullptr;  // the previous peer's tensors go first
+                try {
+                  PeerCall pc = c.make(t);
+                  last.call = std::move(pc.call);
+                  if (!pc.mismatch.empty()) {
+                    std::fprintf(stderr, "error: %s: %s\n", name.c_str(), pc.mismatch.c_str());
+                    last.mismatch[name] = "MISMATCH: " + pc.mismatch;
+                  }
+                } catch (const std::exception& e) {
+                  last.call = nullptr;
+                  std::fprintf(stderr, "error: %s: %s\n", name.c_str(), e.what());
+                  st.SkipWithError(e.what());
+                  return;
+                }
+                last.name = name;
+              }
+              auto it = last.mismatch.find(name);
+              if (it != last.mismatch.end()) st.SetLabel(it->second);
+              const Call& call = last.call;
+              for (auto _ : st) call(t);
+              st.SetBytesProcessed(st.iterations() * bytes);
+            }));
+    }
+}
+
+void register_all(bool peers) {
+  if (peers) register_peers();
   for (const PairCase& c : pair_cases())
     for (int t : kThreads)
       benchmark::RegisterBenchmark(pair_name(c, t).c_str(),
@@ -275,6 +335,10 @@ void print_pairs(const std::map<std::string, std::map<std::string, double>>& m) 
 
 }  // namespace
 
+void add_peer(const std::string& lib, const Problem& p, std::function<PeerCall(int)> make) {
+  peer_cases().push_back({lib, p, std::move(make)});
+}
+
 void add_op(const std::string& op, const std::string& pass, const std::string& shape, int64_t bytes,
             std::function<Call()> make, int64_t moved) {
   cases().push_back({op, pass, shape, bytes, std::move(make), moved > 0 ? moved : bytes});
@@ -288,9 +352,20 @@ void add_mode_pair(const std::string& op, const std::string& pass, const std::st
 }  // namespace tpnorm_perf
 
 int main(int argc, char** argv) {
+  int rc = 0;
+  if (tpnorm_perf::peers_command(argc, argv, rc)) return rc;
+  // --peers: the peers' benchmarks too ("peer/LIB/..."; bench/cpu/peers.py passes it).
+  bool peers = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--peers") == 0) {
+      peers = true;
+      for (int j = i; j < argc; ++j) argv[j] = argv[j + 1];
+      --argc;
+      break;
+    }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  tpnorm_perf::register_all();
+  tpnorm_perf::register_all(peers);
   tpnorm_perf::Collect rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   tpnorm_perf::print_table(rep.gbps);
