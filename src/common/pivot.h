@@ -46,8 +46,18 @@ TPNORM_HD inline float robust_pivot(int64_t n, Value value) {
   if (n <= 0) return 0.0f;
   const int64_t k = n < kPivotSpan ? n : kPivotSpan;
   const double first = static_cast<double>(value(int64_t{0}));
-  double s = 0;
-  for (int64_t i = 0; i < k; ++i) s += static_cast<double>(value(i)) - first;
+  // Four partial sums: one chain of 32 dependent double adds is ~130 cycles a row, as long as
+  // the rest of a 512-wide row's forward; four chains of 8 overlap.
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= k; i += 4) {
+    s0 += static_cast<double>(value(i)) - first;
+    s1 += static_cast<double>(value(i + 1)) - first;
+    s2 += static_cast<double>(value(i + 2)) - first;
+    s3 += static_cast<double>(value(i + 3)) - first;
+  }
+  for (; i < k; ++i) s0 += static_cast<double>(value(i)) - first;
+  const double s = (s0 + s1) + (s2 + s3);
   return static_cast<float>(first + s / static_cast<double>(k));
 }
 
