@@ -17,7 +17,9 @@ often run with jemalloc or tcmalloc for the same reason):
 
 For each shape (default 4x64 and 4096x1024) prints the median of 5 blocks of calls,
 microseconds per call, for:
-  C++ loop              layer_norm_forward (and _backward) called from C++
+  C++ loop              layer_norm_forward (and _backward) called from C++ on the same outputs
+  binding, fresh        forward and backward through the binding on outputs allocated afresh
+                        each call, as autograd's are (no autograd, no Python layer)
   binding               tpnorm._tpnorm.layer_norm_forward from Python (DLPack + pybind11)
   functional, no grad   tpnorm.layer_norm under torch.no_grad() (allocates y, mean, rstd)
   module fwd+bwd        y = ShardedLayerNorm(x); y.backward(dy) through torch.autograd (the
@@ -66,6 +68,14 @@ def measure(rows, hidden, iters):
                                       True)
     binding = per_call(lambda: _C.layer_norm_forward(comm, x, w, b, y, mean, rstd, opt), iters)
 
+    def fresh():
+        # The binding's forward and backward on outputs allocated afresh, as autograd's are:
+        # what the module costs without autograd and without its Python layer.
+        yf, mf, rf = torch.empty_like(x), torch.empty(rows), torch.empty(rows)
+        _C.layer_norm_forward(comm, x, w, b, yf, mf, rf, opt)
+        dxf, dwf, dbf = torch.empty_like(x), torch.empty_like(w), torch.empty_like(b)
+        _C.layer_norm_backward(comm, dy, x, w, mf, rf, dxf, dwf, dbf, opt)
+
     def functional():
         with torch.no_grad():
             tpnorm.layer_norm(x, hidden, w, b, process_group=comm)
@@ -109,7 +119,8 @@ def measure(rows, hidden, iters):
     floor_fb = per_call(floor, iters)
     rows_out = [("C++ loop, forward", cpp_f), ("binding, forward", binding),
                 ("functional, no grad", per_call(functional, iters)),
-                ("C++ loop, fwd+bwd", cpp_fb), ("module fwd+bwd", module_fb),
+                ("C++ loop, fwd+bwd", cpp_fb), ("binding, fresh, fwd+bwd", per_call(fresh, iters)),
+                ("module fwd+bwd", module_fb),
                 ("nn.LayerNorm fwd+bwd", torch_fb), ("empty Function fwd+bwd", floor_fb)]
     path = "C++ autograd (tpnorm._autograd)" if tpnorm.functional.CPP_AUTOGRAD else \
         f"Python autograd Function ({tpnorm.functional.CPP_AUTOGRAD_REASON})"
