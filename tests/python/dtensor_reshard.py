@@ -5,7 +5,6 @@
 #   mpiexec -n 2 python dtensor_reshard.py save DIR
 #   mpiexec -n 3 python dtensor_reshard.py load DIR
 # `save` also writes DIR/full.pt, the gathered parameters, which `load` compares with.
-import gc
 import os
 import socket
 import sys
@@ -83,11 +82,6 @@ def main(mode, path):
     oks = world.allgather(ok)
     if world.rank == 0:
         print(f"dtensor_reshard: {note}")
-    # The model's DTensors and the mesh hold the gloo group: dropped here, the group is
-    # destroyed (its worker threads joined) now, not during the interpreter's finalization,
-    # where a worker releasing a tensor would have to take the GIL and std::terminate.
-    del m, mesh
-    gc.collect()
     dist.destroy_process_group()
     return 0 if all(oks) else 1
 

@@ -10,6 +10,7 @@
 * a ``tpnorm.Communicator`` (returned as is).
 """
 import atexit
+import gc
 
 from . import _tpnorm as _C
 
@@ -29,10 +30,15 @@ def _release():
     """Lets go of every process group a communicator holds before the interpreter shuts down.
     A communicator (in _comms, or a module at global scope) outlives the script; the group it
     held was then destroyed during finalization, after parts of torch, where gloo's destructor
-    could end the process in std::terminate after a correct run. No op runs after this."""
+    could end the process in std::terminate after a correct run. No op runs after this.
+    The collection frees what only reference cycles still hold (a model's DTensors, a device
+    mesh), groups among them, while the interpreter is whole; a gloo group freed during
+    finalization can have a worker thread release a tensor's Python object then, which
+    std::terminates too (torch issue 190489)."""
     for held in _held_groups:
         held[0] = None
     _held_groups.clear()
+    gc.collect()
 
 
 atexit.register(_release)

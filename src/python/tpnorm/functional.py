@@ -190,15 +190,8 @@ def _flat(t, k):
 
 def _row_norm(x, normalized_shape, weight, bias, comm, eps, stats, centered, handle=None):
     """The row norm through the torch.library op while torch.compile traces, else through
-    the autograd Function (``handle``: the module's, looked up when None)."""
-    if len(normalized_shape) == 1 and eps is not None and not _lib.compiling():
-        # The common case, with nothing to flatten: at [4, 64] each Python call saved here is
-        # a per cent of the op.
-        if _autograd is not None and type(x) is _Tensor:
-            return _autograd.row_norm(x, weight, bias, address_of(comm),
-                                      _opt_address(eps, stats, normalized_shape[0]), centered)
-        opt = norm_options(eps, stats, normalized_shape[0])
-        return _RowNorm.apply(x, weight, bias, (comm, opt, centered))
+    tpnorm._autograd (plain tensors) or the autograd Function (``handle``: the module's,
+    looked up when None)."""
     k, hidden, eps = _row_shape(x, normalized_shape, eps)
     shape, x = x.shape, _flat(x, k)
     weight, bias = _flat(weight, k), _flat(bias, k)
