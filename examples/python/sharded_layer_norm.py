@@ -71,6 +71,10 @@ def main():
         print(f"ShardedLayerNorm over {size} ranks ({dist.get_backend()}), hidden {hidden}: "
               f"max |y - nn.LayerNorm(gathered)| = {err_t.item():.3g}; "
               f"rank 0 holds columns [{lo}, {hi}), weight.grad {tuple(norm.weight.grad.shape)}")
+    # A barrier last: gloo's worker threads let go of the earlier collectives' tensors while
+    # this rank waits in it, not during the interpreter's exit (where freeing a tensor's
+    # Python object from a worker thread ends the process in std::terminate).
+    dist.barrier()
     dist.destroy_process_group()
     if err_t.item() > 1e-5:
         raise SystemExit("mismatch")

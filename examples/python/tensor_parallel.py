@@ -71,6 +71,10 @@ def main():
         ok = ok and torch.allclose(full.double(), q, rtol=1e-4, atol=1e-5)
     if dist.get_rank() == 0:
         print("parameters match the float64 model" if ok else "MISMATCH")
+    # A barrier last: gloo's worker threads let go of the earlier collectives' tensors while
+    # this rank waits in it, not during the interpreter's exit (where freeing a tensor's
+    # Python object from a worker thread ends the process in std::terminate).
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1
 

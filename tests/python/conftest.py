@@ -34,6 +34,7 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     if dist.is_initialized():
+        dist.barrier()  # as the examples end (examples/python/tensor_parallel.py says why)
         dist.destroy_process_group()
 
 

@@ -82,6 +82,10 @@ def main(mode, path):
     oks = world.allgather(ok)
     if world.rank == 0:
         print(f"dtensor_reshard: {note}")
+    # A barrier last: gloo's worker threads let go of the earlier collectives' tensors while
+    # this rank waits in it, not during the interpreter's exit (where freeing a tensor's
+    # Python object from a worker thread ends the process in std::terminate).
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if all(oks) else 1
 

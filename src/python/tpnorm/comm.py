@@ -34,9 +34,9 @@ def _release():
     The collection frees what only reference cycles still hold (a model's DTensors, a device
     mesh), groups among them, while the interpreter is whole; a gloo group freed during
     finalization can have a worker thread release a tensor's Python object then, which
-    std::terminates too (torch issue 190489)."""
+    std::terminates too (torch's Python-object release racing finalization)."""
     for held in _held_groups:
-        held[0] = None
+        held[:] = [None] * len(held)
     _held_groups.clear()
     gc.collect()
 
@@ -92,11 +92,17 @@ def from_process_group(group=None):
 
     if group is None:
         group = dist.group.WORLD
-    held = [group]
+    # [the group, the last buffer's tensor]. The tensor is kept from Python until the next call
+    # (or exit): gloo's worker thread lets go of a finished work's tensors a moment after the
+    # caller returns, and if that were the tensor's last reference the worker would need the
+    # GIL to free its Python object, which at interpreter exit ends in std::terminate.
+    held = [group, None]
     _held_groups.append(held)
 
     def all_reduce(capsule):
-        dist.all_reduce(from_dlpack(capsule), group=held[0])
+        t = from_dlpack(capsule)
+        dist.all_reduce(t, group=held[0])
+        held[1] = t
 
     return _registered(_C.callback_communicator(dist.get_rank(group), dist.get_world_size(group),
                                                 all_reduce))
