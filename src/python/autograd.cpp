@@ -26,11 +26,6 @@ const eager::Api* api = nullptr;
 
 // at::Tensor -> the table's description (no copy; the tensor outlives the call). A dtype or
 // device tpnorm does not take is described as such, so the op's checks name it.
-struct Described {
-  eager::Tensor t{};
-  const eager::Tensor* get() const { return t.data || t.ndim ? &t : nullptr; }
-};
-
 eager::Tensor describe(const at::Tensor& a) {
   eager::Tensor t{};
   t.data = a.data_ptr();

@@ -103,11 +103,9 @@ def _row_norm_forward(comm, x, weight, bias, opt, centered):
 
 def _row_norm_backward(comm, dy, x, weight, mean, rstd, opt, centered, has_bias, bias_dtype):
     """(dx, dweight, dbias) of _row_norm_forward (None for an absent parameter)."""
-    dx = torch.empty_like(x, memory_format=_CONTIGUOUS)
-    dw = None if weight is None else torch.empty_like(weight, memory_format=_CONTIGUOUS)
+    dx, dw, db = _grads(x, weight, x.shape[-1], has_bias, bias_dtype)
     dy = _grad(dy, x)
     if centered:
-        db = x.new_empty((x.shape[-1],), dtype=bias_dtype or x.dtype) if has_bias else None
         _C.layer_norm_backward(comm, _to_dlpack(dy), _to_dlpack(x), _d(weight),
                                _to_dlpack(mean), _to_dlpack(rstd), _to_dlpack(dx), _d(dw),
                                _d(db), opt)
