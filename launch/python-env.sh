@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The second Python environment of the test suite: the current torch from PyPI, as users run it,
 # next to Debian's python3-torch. A venv of /usr/bin/python3 (made once, reused) holding the
-# pinned torch, mpi4py, pytest and the package's build requirements; tpnorm goes into it with
+# pinned torch, torchvision and timm, mpi4py, pytest and the package's build requirements; tpnorm goes into it with
 # `pip install`, the user's route.
 #
 #   launch/python-env.sh ensure              make the venv if it is missing or holds another
@@ -13,8 +13,11 @@
 # Environment: TPNORM_TORCH_VENV (default: .venv-torch at the repository root).
 set -euo pipefail
 
-# The one place the PyPI torch is pinned.
+# The one place the PyPI torch is pinned, with the model libraries the suite trains tpnorm
+# inside (their releases that go with this torch).
 TORCH_VERSION=2.15.0
+MODEL_LIBS=(torchvision==0.29.2 timm==1.0.31)
+PINS="torch==$TORCH_VERSION ${MODEL_LIBS[*]}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${TPNORM_TORCH_VENV:-$ROOT/.venv-torch}"
@@ -25,7 +28,17 @@ log() { printf '[python-env] %s\n' "$*" >&2; }
 die() { printf '[python-env] error: %s\n' "$*" >&2; exit 1; }
 
 ensure() {
-  if [ -x "$VPY" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$TORCH_VERSION" ]; then
+  local stamp
+  stamp="$(cat "$STAMP" 2>/dev/null || true)"
+  if [ -x "$VPY" ] && [ "$stamp" = "$PINS" ]; then
+    echo "$VPY"
+    return 0
+  fi
+  if [ -x "$VPY" ] && [ "$stamp" = "$TORCH_VERSION" ]; then  # a venv of before the model libs
+    log "adding ${MODEL_LIBS[*]} to $VENV"
+    "$VPY" -m pip --disable-pip-version-check -q install "torch==$TORCH_VERSION" \
+      "${MODEL_LIBS[@]}" >&2
+    echo "$PINS" >"$STAMP"
     echo "$VPY"
     return 0
   fi
@@ -40,10 +53,10 @@ ensure() {
   rm -rf "$VENV"
   /usr/bin/python3 -m venv "$VENV"
   local pip=("$VPY" -m pip --disable-pip-version-check -q)
-  "${pip[@]}" install "torch==$TORCH_VERSION" >&2
+  "${pip[@]}" install "torch==$TORCH_VERSION" "${MODEL_LIBS[@]}" >&2
   # mpi4py builds against the system MPI (libopenmpi-dev) when PyPI has no wheel for it.
   "${pip[@]}" install mpi4py pytest numpy "scikit-build-core>=0.8" "pybind11>=2.10" >&2
-  echo "$TORCH_VERSION" >"$STAMP"
+  echo "$PINS" >"$STAMP"
   echo "$VPY"
 }
 

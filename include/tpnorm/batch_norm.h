@@ -54,7 +54,8 @@ struct BatchNormOptions {
 };
 
 /// SyncBatchNorm forward.
-/// [in]     x             [N_local, C, *spatial] or [N_local, *spatial, C]
+/// [in]     x             [N_local, C, *spatial] or [N_local, *spatial, C] (opt.layout, which
+///                        may differ between ranks: e.g. an empty batch left NCHW)
 /// [in]     gamma, beta   [C] or absent (affine off); x's dtype, or float32 next to float16 /
 ///                        bfloat16 x (mixed precision, as autocast runs BatchNorm: fp32
 ///                        parameters, half activations; CPU communicators only, a device

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,11 +40,13 @@ void check_x(Validator& v, const TensorView& x) {
   if (x.shape.ndim < 2) v.fail("x", "has shape " + x.shape.str() + ", expected [N, C, ...]");
 }
 
+// The layout is not agreed: each rank's payload is the same per-channel sums whichever layout
+// its x has, and both layouts make the same chunks (below). So ranks may differ: a convolution
+// hands an empty batch NCHW strides while the other ranks' batches are channels-last.
 void agree_common(PackedCall& call, const TensorView& x, const kc::BatchNormArgs& a,
                   const BatchNormOptions& opt) {
   call.agree("channels", static_cast<double>(a.c));
   call.agree("dtype", static_cast<double>(x.dtype));
-  call.agree("layout", static_cast<double>(opt.layout));
   call.agree("stats", static_cast<double>(opt.stats));
 }
 
@@ -61,16 +64,25 @@ void store_stat(const TensorView& t, const std::vector<double>& v, int64_t begin
 }
 
 // Channel chunks (OpSpec::partial_rows, ops/chunking.h: the rows are channels, 2 payload values
-// each): NCHW only (a channels-last chunk would be a column slice of every row), float wires
-// only (kExact's kernels take the whole call). The same bits per channel as the whole call.
+// each), float wires only (kExact's kernels take the whole call). The same bits per channel as
+// the whole call. NCHW pipelines them; a channels-last rank (whose chunk would be a column
+// slice of every row) takes part in the same chunk sums without pipelining: its whole partial
+// in the first chunk, its whole apply after the last one. Whether a call is chunked must not
+// depend on the layout, which the ranks do not agree on.
 ChunkRows whole(int64_t c) { return {0, c, true, true, c}; }
 kc::BatchNormArgs channels_of(kc::BatchNormArgs a, const ChunkRows& r) {
   a.c_begin = r.begin;
   a.c_end = r.end;
   return a;
 }
-bool chunkable_bn(const kc::BatchNormArgs& a, Stats stats, bool on_device) {
-  return !on_device && !a.channels_last && stats != Stats::kExact;
+bool chunkable_bn(Stats stats, bool on_device) { return !on_device && stats != Stats::kExact; }
+// The channels a chunk's partial (first: true) or apply (first: false) covers on this rank:
+// the chunk itself (NCHW), or all of them in the first / last chunk and none in the others
+// (channels-last; nullopt: nothing to do in this chunk).
+std::optional<ChunkRows> chunk_work(const kc::BatchNormArgs& a, const ChunkRows& r, bool first) {
+  if (!a.channels_last) return r;
+  if (first ? r.first : r.last) return whole(a.c);
+  return std::nullopt;
 }
 ChunkInfo bn_chunk_info(const kc::BatchNormArgs& a, const TensorView& x, bool forward) {
   const auto reread = static_cast<int64_t>(dtype_size(x.dtype)) * (forward ? 1 : 2);
@@ -158,15 +170,19 @@ class BnForwardOp final : public SpecOf<BnForward> {
   void apply(PackedCall& call) override { apply_channels(call, whole(f_.a.c)); }
 
   bool chunkable(bool on_device) const override {
-    return f_.batch_stats && chunkable_bn(f_.a, f_.opt.stats, on_device);
+    return f_.batch_stats && chunkable_bn(f_.opt.stats, on_device);
   }
   ChunkInfo chunk_info() const override { return bn_chunk_info(f_.a, f_.x, true); }
-  void partial_rows(PackedCall& call, const ChunkRows& r) override {
+  void partial_rows(PackedCall& call, const ChunkRows& chunk) override {
+    const std::optional<ChunkRows> r = chunk_work(f_.a, chunk, true);
+    if (!r) return;
     dispatch_forward_partial(
         f_.x, call.wire(), call.payload_data(), [](const auto*, int64_t*) {},
-        [&](const auto* x, auto* sums) { kc::bn_partial_forward(channels_of(f_.a, r), x, sums); });
+        [&](const auto* x, auto* sums) { kc::bn_partial_forward(channels_of(f_.a, *r), x, sums); });
   }
-  void apply_rows(PackedCall& call, const ChunkRows& r) override { apply_channels(call, r); }
+  void apply_rows(PackedCall& call, const ChunkRows& chunk) override {
+    if (const std::optional<ChunkRows> r = chunk_work(f_.a, chunk, false)) apply_channels(call, *r);
+  }
 
  private:
   // Channels [r.begin, r.end) of the outputs (the whole call, or a chunk); the checks of the
@@ -301,14 +317,16 @@ class BnBackwardOp final : public SpecOf<BnBackward> {
   }
 
   bool chunkable(bool on_device) const override {
-    return b_.opt.training && chunkable_bn(b_.a, b_.opt.stats, on_device);
+    return b_.opt.training && chunkable_bn(b_.opt.stats, on_device);
   }
   ChunkInfo chunk_info() const override { return bn_chunk_info(b_.a, b_.x, false); }
-  void partial_rows(PackedCall& call, const ChunkRows& r) override {
-    if (r.first) local_.assign(static_cast<size_t>(2 * b_.a.c), 0.0);
-    partial_channels(call, r);
+  void partial_rows(PackedCall& call, const ChunkRows& chunk) override {
+    if (chunk.first) local_.assign(static_cast<size_t>(2 * b_.a.c), 0.0);
+    if (const std::optional<ChunkRows> r = chunk_work(b_.a, chunk, true)) partial_channels(call, *r);
   }
-  void apply_rows(PackedCall& call, const ChunkRows& r) override { apply_channels(call, r); }
+  void apply_rows(PackedCall& call, const ChunkRows& chunk) override {
+    if (const std::optional<ChunkRows> r = chunk_work(b_.a, chunk, false)) apply_channels(call, *r);
+  }
 
  private:
   void partial_channels(PackedCall& call, const ChunkRows& r) {

@@ -143,3 +143,52 @@ def test_eval_makes_no_collective(comm):
     calls = comm.calls
     m(full(80, 2, 2, 3))
     assert comm.calls == calls
+
+
+@pytest.mark.parametrize("spatial", [(3, 5), (1, 1)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_layouts_as_a_convolution_makes_them(comm, spatial, channels_last):
+    """A convolution's output into SyncBatchNorm, then ResNet's in-place residual add and ReLU
+    on y, against BatchNorm2d in float64. A convolution leaves an empty batch NCHW while the
+    other ranks' batches are channels-last, and [N, C, 1, 1] has strides that fit both formats:
+    the ranks' layouts differ, y must be a tensor of its own (in-place ops refuse a view made
+    inside an autograd Function) in the input's memory format."""
+    r, P, C = WORLD.rank, WORLD.size, 6
+    sizes = batch_sizes(P)
+    N = sum(sizes)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    conv = torch.nn.Conv2d(3, C, 1).to(memory_format=fmt)
+    conv_ref = torch.nn.Conv2d(3, C, 1, dtype=torch.float64)
+    with torch.no_grad():
+        conv.weight.copy_(full(55, C, 3, 1, 1)), conv.bias.copy_(full(56, C))
+        conv_ref.weight.copy_(conv.weight.double()), conv_ref.bias.copy_(conv.bias.double())
+    m = tpnorm.SyncBatchNorm(C, process_group=comm)
+    ref = torch.nn.BatchNorm2d(C, dtype=torch.float64)
+    X = full(57, N, 3, *spatial, scale=1.5, shift=0.5)
+    x = my_rows(X, sizes, r).to(memory_format=fmt).requires_grad_()
+    h = conv(x)
+    y = m(h)
+    try:
+        y += h  # a BasicBlock's residual add, then its ReLU(inplace=True)
+        out = torch.relu_(y)
+        failed = []
+    except RuntimeError as e:
+        failed = [f"in-place ops on y: {e}"]
+    assert_everywhere(not failed, failed)  # else no rank enters the backward's collective
+    (out * out).sum().backward()
+    Xd = X.double().requires_grad_()
+    hd = conv_ref(Xd)
+    outd = torch.relu(ref(hd) + hd)
+    (outd * outd).sum().backward()
+    report, n = [], 0
+    n += wrong("out", out, my_rows(outd.detach(), sizes, r), 1e-5, 1e-5, report)
+    n += wrong("dx", x.grad, my_rows(Xd.grad, sizes, r), 1e-4, 1e-4, report)
+    dw = conv.weight.grad.double().clone()
+    WORLD.Allreduce(dw.numpy().copy(), dw.numpy())
+    n += wrong("conv dweight (sum over ranks)", dw, conv_ref.weight.grad, 1e-4 * N, 1e-4, report)
+    if channels_last and x.shape[0] > 0 and not y.is_contiguous(memory_format=torch.channels_last):
+        n += 1
+        report.append(f"y has strides {y.stride()}, not channels-last")
+    n += wrong("running_mean", m.running_mean, ref.running_mean, 1e-6, 1e-5, report)
+    n += wrong("running_var", m.running_var, ref.running_var, 1e-6, 1e-5, report)
+    assert_everywhere(n == 0, report)

@@ -14,7 +14,8 @@ from .functional import (deepnorm_alpha, deepnorm_beta, fused_add_layer_norm,
 # The row norms of tpnorm.dtensor: those of .functional, also taking DTensors (torch >= 2.5).
 from .dtensor import fused_add_layer_norm, fused_add_rms_norm, layer_norm, rms_norm  # noqa: F811
 from .modules import (FusedAddLayerNorm, FusedAddRMSNorm, ShardedGroupNorm,
-                      ShardedInstanceNorm, ShardedLayerNorm, ShardedRMSNorm, SyncBatchNorm)
+                      ShardedInstanceNorm, ShardedLayerNorm, ShardedRMSNorm, SyncBatchNorm,
+                      SyncBatchNormAct)
 from . import parallel  # HiddenShardedNorm, a ParallelStyle (torch >= 2.5)
 from . import library  # torch.library registration where torch >= 2.4 (else a no-op)
 

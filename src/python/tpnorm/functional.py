@@ -77,11 +77,12 @@ def _grad(dy, like):
         else dy.contiguous()
 
 
-def _grads(like, weight, channels, has_bias, bias_dtype=None):
+def _grads(like, weight, channels, has_bias, bias_dtype=None, channels_last=False):
     """The backward outputs every autograd function here allocates the same way: dx shaped and
-    typed like ``like``, dweight like ``weight`` (None without one), and dbias of ``channels``
-    in ``bias_dtype`` (default ``like``'s; mixed precision keeps bias float32) or None."""
-    dx = _like(like)
+    typed like ``like`` (in its channels-last layout with channels_last, else contiguous),
+    dweight like ``weight`` (None without one), and dbias of ``channels`` in ``bias_dtype``
+    (default ``like``'s; mixed precision keeps bias float32) or None."""
+    dx = _like_input(like, channels_last)
     dw = None if weight is None else _like(weight)
     db = _empty((channels,), like, bias_dtype) if has_bias else None
     return dx, dw, db
@@ -423,39 +424,48 @@ def _channel_groups(x, groups, comm, channels, offset):
 
 
 def _channels_last(x):
-    """Whether x runs channels-last: by the strides (stride 1 on C), not by is_contiguous(): an
-    empty batch is "contiguous" in every format, and every rank must choose the same layout."""
+    """Whether x runs channels-last: by the strides (stride 1 on C), not by is_contiguous(),
+    under which an empty batch is "contiguous" in every format. The ranks need not agree: each
+    sends the same per-channel sums whichever layout its batch has."""
     if x.dim() in (4, 5) and x.stride(1) == 1 and x.shape[1] > 1:
         fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
         return x.is_contiguous(memory_format=fmt)
     return False
 
 
+def _to_last(t):
+    """The [N, *spatial, C] view of a channels-last [N, C, *spatial] tensor (contiguous)."""
+    return t.permute(0, *range(2, t.dim()), 1)
+
+
+def _like_input(x, channels_last):
+    """An output shaped like x, in x's layout: a tensor of its own, never a view of another
+    (autograd refuses in-place ops on a view made inside a Function, and a user's ReLU(inplace)
+    or `out += identity` runs on it). Channels-last: x's own strides, whose _to_last view is the
+    kernel's contiguous NHWC buffer (x is channels-last contiguous, hence dense)."""
+    return torch.empty_like(x) if channels_last else _like(x)
+
+
 def _sync_batch_norm_forward(comm, x, weight, bias, running_mean, running_var, opt,
                              channels_last):
     """(y, save_mean, save_invstd); running statistics updated in place in training."""
     C = x.shape[1]
-    xv = x.permute(0, *range(2, x.dim()), 1) if channels_last else x
-    y = torch.empty(xv.shape, dtype=x.dtype, device=x.device)
+    y = _like_input(x, channels_last)
+    xv, yv = (_to_last(x), _to_last(y)) if channels_last else (x, y)
     save_mean, save_invstd = _empty((C,), x, _stats_dtype(x)), _empty((C,), x, _stats_dtype(x))
     _C.sync_batch_norm_forward(comm, _d(xv), _d(weight), _d(bias), _d(running_mean),
-                               _d(running_var), _d(y), _d(save_mean), _d(save_invstd), opt)
-    if channels_last:
-        y = y.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
+                               _d(running_var), _d(yv), _d(save_mean), _d(save_invstd), opt)
     return y, save_mean, save_invstd
 
 
 def _sync_batch_norm_backward(comm, dy, x, weight, save_mean, save_invstd, opt, channels_last,
                               has_bias, bias_dtype):
+    dx, dw, db = _grads(x, weight, x.shape[1], has_bias, bias_dtype, channels_last)
+    dxv = dx
     if channels_last:
-        to_last = (0, *range(2, x.dim()), 1)
-        x = x.permute(to_last)
-        dy = None if dy is None else dy.permute(to_last)
-    dx, dw, db = _grads(x, weight, x.shape[-1 if channels_last else 1], has_bias, bias_dtype)
+        x, dy, dxv = _to_last(x), None if dy is None else _to_last(dy), _to_last(dx)
     _C.sync_batch_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(save_mean),
-                                _d(save_invstd), _d(dx), _d(dw), _d(db), opt)
-    if channels_last:
-        dx = dx.permute(0, x.dim() - 1, *range(1, x.dim() - 1))
+                                _d(save_invstd), _d(dxv), _d(dw), _d(db), opt)
     return dx, dw, db
 
 

@@ -256,18 +256,23 @@ class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
     @classmethod
     def convert_sync_batchnorm(cls, module, process_group=None):
         """A copy-free conversion as torch.nn.SyncBatchNorm.convert_sync_batchnorm: every
-        BatchNorm*d in ``module`` becomes a tpnorm.SyncBatchNorm over ``process_group``,
-        keeping its parameters, buffers and train/eval mode. All converted layers share one
-        tpnorm communicator."""
+        BatchNorm*d in ``module`` (torch.nn.SyncBatchNorm too) becomes a tpnorm.SyncBatchNorm
+        over ``process_group``, keeping its parameters, buffers and train/eval mode. timm's
+        BatchNormAct2d (BatchNorm, then its ``drop`` and ``act`` modules) becomes a
+        SyncBatchNormAct, which keeps them. Any other subclass with a forward of its own is
+        refused with a TypeError rather than converted without what its forward adds. All
+        converted layers share one tpnorm communicator."""
         comm = process_group if process_group is None else as_communicator(process_group)
         return cls._convert(module, comm)
 
     @classmethod
     def _convert(cls, module, comm):
         out = module
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
-            out = cls(module.num_features, module.eps, module.momentum, module.affine,
-                      module.track_running_stats, comm)
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
+                not isinstance(module, SyncBatchNorm):
+            kind = cls if type(module).forward in _PLAIN_BATCH_NORM else _norm_act_class(module)
+            out = kind(module.num_features, module.eps, module.momentum, module.affine,
+                       module.track_running_stats, comm)
             if module.affine:
                 with torch.no_grad():
                     out.weight, out.bias = module.weight, module.bias
@@ -281,3 +286,30 @@ class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
             out.add_module(name, cls._convert(child, comm))
         del module
         return out
+
+
+# The forwards that are BatchNorm and nothing else (BatchNorm1d/2d/3d and the lazy ones inherit
+# _BatchNorm's).
+_PLAIN_BATCH_NORM = (nn.modules.batchnorm._BatchNorm.forward, nn.SyncBatchNorm.forward)
+
+
+class SyncBatchNormAct(SyncBatchNorm):
+    """tpnorm.SyncBatchNorm followed by the ``drop`` and ``act`` modules of the timm
+    BatchNormAct2d it was converted from (convert_sync_batchnorm moves them over as children,
+    so state_dict keys stay timm's)."""
+
+    def forward(self, x):
+        return self.act(self.drop(super().forward(x)))
+
+
+def _norm_act_class(module):
+    """SyncBatchNormAct for a module shaped as timm's BatchNormAct2d (a BatchNorm with drop
+    and act children, applied in that order after it); a TypeError for any other BatchNorm
+    subclass whose forward is its own."""
+    children = dict(module.named_children())
+    if type(module).__name__ in ("BatchNormAct2d", "SyncBatchNormAct") and {"drop", "act"} <= set(children):
+        return SyncBatchNormAct
+    raise TypeError(
+        f"tpnorm.SyncBatchNorm.convert_sync_batchnorm: {type(module).__qualname__} is a "
+        f"BatchNorm with a forward of its own, which a SyncBatchNorm would not run; convert it "
+        f"by hand (a subclass of tpnorm.SyncBatchNorm whose forward adds what it adds)")
