@@ -61,12 +61,19 @@ def mine(t):
     return t[lo:lo + SIZES[WORLD.rank]]
 
 
-def rel(got, want):
-    """max |got - want| / max |want| over the tensor (0 when both are empty)."""
+def rel(got, want, floor=0.0):
+    """max |got - want| / max(max |want|, floor) over the tensor (0 when both are empty). The
+    floor keeps a tensor that is zero in exact arithmetic (the bias gradient of a BatchNorm
+    whose output feeds another BatchNorm, the running mean of a convolution of a normalised
+    input) from being judged by its rounding noise alone."""
     got, want = got.detach().double(), want.detach().double()
     if want.numel() == 0:
         return 0.0
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+    return float((got - want).abs().max() / want.abs().max().clamp_min(max(floor, 1e-30)))
+
+
+def largest(tensors):
+    return max(float(t.detach().abs().max()) for t in tensors if t.numel())
 
 
 def converted(model, fmt):
@@ -133,17 +140,19 @@ def test_float64_training_matches_the_whole_batch(model_fn, size, norms, fmt):
     sd, sd_ref = net.state_dict(), ref.state_dict()
     for k, v in sd_ref.items():
         tol = 0 if k.endswith("num_batches_tracked") else 1e-9
-        if rel(sd[k], v) > tol:
-            report.append(f"{k}: {rel(sd[k], v):.3g} relative")
+        if rel(sd[k], v, 1.0) > tol:  # parameters and statistics of order 1
+            report.append(f"{k}: {rel(sd[k], v, 1.0):.3g} relative")
     net.eval(), ref.eval()
     X, _ = batch(9, size, torch.float64, fmt)
     with torch.no_grad():
-        if rel(net(X), ref(X)) > 1e-9:
+        if rel(net(X), ref(X)) > 1e-8:  # the parameters' differences, amplified by the net
             report.append(f"eval outputs: {rel(net(X), ref(X)):.3g} relative")
-        plain = model_fn().double()
+        plain = model_fn().double().to(memory_format=fmt)
         plain.load_state_dict(sd)
-        if rel(plain.eval()(X), ref(X)) > 1e-12:
-            report.append("the trained state_dict in the unconverted model: eval outputs differ")
+        d = rel(plain.eval()(X), net(X))
+        if d > 1e-12:
+            report.append(f"the trained state_dict in the unconverted model: eval outputs "
+                          f"{d:.3g} relative from the converted model's")
     verdict(report)
 
 
@@ -164,36 +173,52 @@ def test_float32_steps_from_the_reference_parameters(model_fn, fmt):
         model.zero_grad()
         local_loss(model, X, labels, fmt).backward()
         grads = dict(net.named_parameters())
+        floor = 1e-2 * largest(p.grad for p in ref.parameters())
         for k, p in ref.named_parameters():
-            if rel(grads[k].grad, p.grad) > 2e-4:
-                report.append(f"step {step}: grad {k}: {rel(grads[k].grad, p.grad):.3g}")
+            if rel(grads[k].grad, p.grad, floor) > 2e-4:
+                report.append(f"step {step}: grad {k}: {rel(grads[k].grad, p.grad, floor):.3g}")
         bufs = dict(net.named_buffers())
         for k, b in ref.named_buffers():
-            if rel(bufs[k], b) > 2e-4 * (0 if k.endswith("num_batches_tracked") else 1):
-                report.append(f"step {step}: buffer {k}: {rel(bufs[k], b):.3g}")
+            if rel(bufs[k], b, 1.0) > 2e-4 * (0 if k.endswith("num_batches_tracked") else 1):
+                report.append(f"step {step}: buffer {k}: {rel(bufs[k], b, 1.0):.3g}")
         opt_ref.step()
     verdict(report[:20])
 
 
 def test_bf16_autocast_matches_the_reference_under_autocast():
+    """Under bf16 autocast the gradients of a freshly initialised ResNet-18 are dominated by
+    bf16's rounding (the reference under autocast is 0.47 from itself in float32, 2-norm
+    relative), so what is compared is what bf16 leaves comparable: the loss, the logits, and the
+    first BatchNorm's running statistics (whose input, conv1's bf16 output, is the same bits in
+    both); plus the dtypes autocast gives and finite gradients."""
     ref = resnet18().to(memory_format=torch.channels_last)
     net = converted(ref, torch.channels_last)
     model = ddp(net)
+    dtypes = []
+    net.bn1.register_forward_hook(lambda m, i, o: dtypes.append((i[0].dtype, o.dtype)))
     X, labels = batch(0, 32, torch.float32, torch.channels_last)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss_ref = whole_loss(ref, X, labels)
-        loss = local_loss(model, X, labels, torch.channels_last)
+        out_ref = ref(X)
+        loss_ref = torch.nn.functional.cross_entropy(out_ref, labels, reduction="sum") / N
+        out = model(mine(X).contiguous(memory_format=torch.channels_last))
+        loss = torch.nn.functional.cross_entropy(out, mine(labels), reduction="sum") / N
+    (loss * WORLD.size).backward()
     loss_ref.backward()
-    loss.backward()
-    total = loss.detach().float() / WORLD.size
+    total = loss.detach().float()
     dist.all_reduce(total)
     report = []
-    if rel(total, loss_ref) > 3e-2:
+    if rel(total, loss_ref) > 1e-2:
         report.append(f"loss {float(total)} vs {float(loss_ref)}")
-    grads = dict(net.named_parameters())
-    for k, p in ref.named_parameters():
-        if rel(grads[k].grad, p.grad) > 6e-2:
-            report.append(f"grad {k}: {rel(grads[k].grad, p.grad):.3g}")
+    if rel(out, mine(out_ref)) > 0.15:  # bf16 logits: 0.07 measured
+        report.append(f"logits {rel(out, mine(out_ref)):.3g} relative")
+    if dtypes != [(torch.bfloat16, torch.bfloat16)] or net.bn1.weight.grad.dtype != torch.float32:
+        report.append(f"dtypes: bn1 (in, out) {dtypes}, weight grad {net.bn1.weight.grad.dtype}")
+    if not all(bool(p.grad.isfinite().all()) for p in net.parameters()):
+        report.append("a gradient is not finite")
+    for k in ("running_mean", "running_var"):
+        d = rel(getattr(net.bn1, k), getattr(ref.bn1, k), 1.0)
+        if d > 1e-4:
+            report.append(f"bn1.{k}: {d:.3g}")
     verdict(report)
 
 
@@ -203,11 +228,11 @@ def test_compiled_model_has_no_graph_break_and_steps_as_eager():
     net = converted(ref, torch.contiguous_format)
     X, labels = batch(0, 32, torch.float32, torch.contiguous_format)
     x = mine(X).contiguous()
+    eager, compiled = copy.deepcopy(net), copy.deepcopy(net)
     explained = torch._dynamo.explain(net)(x)
     report = [] if explained.graph_break_count == 0 else [
         f"{explained.graph_break_count} graph breaks: "
         f"{[str(b.reason)[:200] for b in explained.break_reasons]}"]
-    eager, compiled = copy.deepcopy(net), copy.deepcopy(net)
     fn = torch.compile(compiled, backend="aot_eager", fullgraph=True)
     for m, f in ((eager, eager), (compiled, fn)):
         loss = torch.nn.functional.cross_entropy(f(x), mine(labels), reduction="sum")

@@ -11,6 +11,8 @@ holds columns shard_range(H, r, P) unless ``local_size`` says otherwise (any spl
 long as the slices tile H in rank order; the op checks that on every rank). SyncBatchNorm is
 the data-parallel one: full [C] parameters on every rank, statistics over every rank's batch.
 """
+import copy
+
 import torch
 from torch import nn
 
@@ -21,7 +23,9 @@ from .comm import as_communicator
 
 class _CommHolder:
     """A module keeping a tpnorm communicator: not copied by deepcopy/pickle (made again on
-    first use from the stored group, which every copy shares)."""
+    first use from the stored group, which every deep copy shares: a process group or a
+    communicator is a handle on the job's processes, not data to copy, and a model's deep copy,
+    an EMA model say, normalises over the same ranks)."""
 
     _handle = None  # the communicator's torch.library handle (library.comm_handle)
 
@@ -29,6 +33,15 @@ class _CommHolder:
         state = self.__dict__.copy()
         state["_comm"], state["_handle"] = None, None
         return state
+
+    def __deepcopy__(self, memo):
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        state = self.__getstate__()
+        group = state.pop("process_group")
+        new.__dict__.update(copy.deepcopy(state, memo))
+        new.process_group = group
+        return new
 
     @property
     def comm(self):
