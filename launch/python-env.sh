@@ -13,10 +13,10 @@
 # Environment: TPNORM_TORCH_VENV (default: .venv-torch at the repository root).
 set -euo pipefail
 
-# The one place the PyPI torch is pinned, with the model libraries the suite trains tpnorm
-# inside (their releases that go with this torch).
+# The one place the PyPI torch is pinned, with the model libraries the suite runs tpnorm
+# inside (their releases that go with this torch; mmengine for its registry).
 TORCH_VERSION=2.15.0
-MODEL_LIBS=(torchvision==0.29.2 timm==1.0.31)
+MODEL_LIBS=(torchvision==0.29.2 timm==1.0.31 mmengine==0.10.7)
 PINS="torch==$TORCH_VERSION ${MODEL_LIBS[*]}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +34,9 @@ ensure() {
     echo "$VPY"
     return 0
   fi
-  if [ -x "$VPY" ] && [ "$stamp" = "$TORCH_VERSION" ]; then  # a venv of before the model libs
+  if [ -x "$VPY" ] && { [ "${stamp%% *}" = "torch==$TORCH_VERSION" ] ||
+                        [ "$stamp" = "$TORCH_VERSION" ]; }; then
+    # the pinned torch, other model libraries: add (or change) those
     log "adding ${MODEL_LIBS[*]} to $VENV"
     "$VPY" -m pip --disable-pip-version-check -q install "torch==$TORCH_VERSION" \
       "${MODEL_LIBS[@]}" >&2

@@ -11,13 +11,15 @@
 # - float32, each step started from the reference's parameters and buffers (ReLU and max-pool
 #   kinks make free float32 trajectories of any two implementations drift apart): gradients and
 #   running statistics of every step (2e-4 of each tensor's largest value);
-# - bf16 autocast against the reference under the same autocast (3e-2: bf16 activations);
-# - torch.compile: no graph break in the converted model, and a compiled step as the eager one.
+# - bf16 autocast against the reference under the same autocast: loss, logits, the first
+#   norm's running statistics (bf16's rounding dominates the gradients of a fresh model);
+# - torch.compile: no graph break in the converted model, and a compiled step as the eager one;
+# - MMEngine's registry building tpnorm's layer for an MMDetection "SyncBN" config.
 #
 # At 32x32 the last stage's activations are [N, 512, 1, 1], whose strides fit both memory
 # formats; under channels-last a convolution leaves the empty rank's batch NCHW.
-# Runs at 2 and 3 ranks; needs torchvision and timm (the PyPI-torch venv of the suite has them:
-# TPNORM_EXPECT_VISION=1 makes their absence a failure instead of a skip).
+# Runs at 2 and 3 ranks; needs torchvision, timm and mmengine (the PyPI-torch venv of the suite
+# has them: TPNORM_EXPECT_VISION=1 makes their absence a failure instead of a skip).
 import copy
 import os
 
@@ -31,12 +33,13 @@ from support import WORLD, agree, full
 
 _EXPECT = os.environ.get("TPNORM_EXPECT_VISION") == "1"
 try:
+    import mmengine  # noqa: F401
     import timm
     import torchvision
-except ImportError as e:  # Debian's torch has neither
+except ImportError as e:  # Debian's torch has none of them
     if _EXPECT:
         raise
-    pytest.skip(f"needs torchvision and timm ({e})", allow_module_level=True)
+    pytest.skip(f"needs torchvision, timm and mmengine ({e})", allow_module_level=True)
 
 if WORLD.size not in (2, 3):
     pytest.skip("runs at 2 and 3 ranks", allow_module_level=True)
@@ -244,3 +247,23 @@ def test_compiled_model_has_no_graph_break_and_steps_as_eager():
         if rel(c, b) > 1e-6:
             report.append(f"compiled buffer {k}: {rel(c, b):.3g}")
     verdict(report[:20])
+
+
+def test_mmengine_registry_builds_tpnorm_for_syncbn_configs():
+    """An MMDetection config's norm_cfg=dict(type='SyncBN') is built from MMEngine's MODELS
+    registry: registered there, tpnorm's layer is what such a config builds (with the arguments
+    MMCV passes), and it normalises over the whole batch."""
+    from mmengine.registry import MODELS
+
+    MODELS.register_module("SyncBN", module=tpnorm.SyncBatchNorm, force=True)
+    layer = MODELS.build(dict(type="SyncBN", num_features=8, eps=1e-3, momentum=0.03))
+    report = [] if type(layer) is tpnorm.SyncBatchNorm else [f"built {type(layer)}"]
+    ref = torch.nn.BatchNorm2d(8, eps=1e-3, momentum=0.03, dtype=torch.float64)
+    layer = layer.double()
+    X = full(310, N, 8, 3, 3, shift=0.5, dtype=torch.float64)
+    y = layer(mine(X))
+    want = mine(ref(X))
+    if rel(y, want) > 1e-12 or rel(layer.running_var, ref.running_var) > 1e-12:
+        report.append(f"y {rel(y, want):.3g}, running_var "
+                      f"{rel(layer.running_var, ref.running_var):.3g} relative")
+    verdict(report)
