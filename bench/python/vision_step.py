@@ -26,6 +26,7 @@ import os
 import socket
 import statistics
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tpnorm
+
+# torch.distributed.nn.functional.all_reduce is deprecated in favour of functional collectives
+# that have no autograd on a gloo group; it is still what such a SyncBatchNorm calls.
+warnings.filterwarnings("ignore", category=FutureWarning, message=".*all_reduce is deprecated")
+# broadcast_buffers=False keeps each rank's running statistics its own, as every kind here needs.
+warnings.filterwarnings("ignore", category=FutureWarning, message=".*broadcast_buffers. is deprecated")
 
 _norm_comm_s = [0.0]
 _all_reduce = dist.all_reduce
@@ -75,6 +82,10 @@ class NaiveSyncBatchNorm(nn.BatchNorm2d):
         scale = self.weight * torch.rsqrt(var + self.eps)
         shift = self.bias - mean * scale
         return x * scale.view(1, C, 1, 1) + shift.view(1, C, 1, 1)
+
+
+def rel_diff(a, b):
+    return float((a - b).abs().max() / b.abs().max())
 
 
 def naive(model):
@@ -120,7 +131,7 @@ def main():
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(args.batch, 3, args.size, args.size, generator=g)
     labels = torch.randint(0, 10, (args.batch,), generator=g)
-    rows = []
+    rows, checks = [], []
     for fname in args.formats.split(","):
         fmt = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}[fname]
         xf = x.contiguous(memory_format=fmt)
@@ -130,6 +141,12 @@ def main():
                         process_group=dist.group.WORLD, broadcast_buffers=False)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
             runs[kind] = (model, opt, [], [])
+
+        # The same step's logits in each synchronised kind, from the same weights (a check that
+        # the naive layer computes what tpnorm's does, not a test).
+        with torch.no_grad():
+            logits = {k: runs[k][0](xf) for k in ("tpnorm", "naive")}
+        check = world.allreduce(rel_diff(logits["naive"], logits["tpnorm"]), op=MPI.MAX)
 
         def step(model, opt):
             opt.zero_grad(set_to_none=True)
@@ -159,6 +176,7 @@ def main():
             floor = floor or med
             rows.append((fname, kind, med, min(step_ms), max(step_ms), med / floor,
                          statistics.median(comm_ms)))
+        checks.append((fname, check))
     if rank == 0:
         print(f"ResNet-18, {P} ranks over gloo, {args.batch} images of {args.size}x{args.size} "
               f"per rank, {torch.get_num_threads()} thread(s) per rank, torch {torch.__version__}; "
@@ -167,6 +185,9 @@ def main():
               f"{'/ floor':>8} {'norm all-reduce ms':>19}")
         for f, k, med, lo, hi, ratio, comm in rows:
             print(f"{f:<14} {k:<12} {med:9.1f} {lo:8.1f} {hi:8.1f} {ratio:8.3f} {comm:19.2f}")
+        for f, c in checks:
+            print(f"{f}: naive vs tpnorm logits of the first training forward: {c:.2e} "
+                  f"relative (largest over the ranks)")
     dist.barrier()
     dist.destroy_process_group()
 
