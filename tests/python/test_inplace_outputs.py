@@ -6,9 +6,9 @@
 # h, the residual stream) is guarded by autograd's version counter instead: modifying it in
 # place makes backward() raise autograd's own error on every rank, before any collective.
 #
-# Shapes: hidden 10 and 6 channels sharded over the ranks (a rank may hold none at 4 ranks with
-# 3 channels), SyncBatchNorm on uneven batches with rank 1 empty, NCHW and channels-last
-# (spatial 1x1 included: strides that fit both formats).
+# Shapes: hidden 10 and 6 channels sharded over the ranks, SyncBatchNorm on uneven batches with
+# rank 1 empty, NCHW and channels-last (spatial 1x1 included: strides that fit both formats);
+# the row norms on DTensors too where torch has them (>= 2.5).
 import pytest
 import torch
 
@@ -101,7 +101,34 @@ def _cases(comm):
                         process_group=comm),)), ())
     for name, (make_module, make_inputs, saved) in mods.items():
         cases[name] = (module(make_module, make_inputs), saved)
+    if tpnorm.dtensor.AVAILABLE:  # the same functions on DTensors sharded on the hidden dim
+        def dt(t, dim):
+            from torch.distributed.tensor import Shard, distribute_tensor
+            return distribute_tensor(t, _mesh(), [Shard(dim)])
+
+        cases["layer_norm[DTensor]"] = (lambda: (
+            [dt(full(1, 3, H, shift=0.3), 1), dt(full(3, H), 0), dt(full(4, H), 0)],
+            lambda x, w, b: (tpnorm.layer_norm(x, H, w, b),)), ())
+        cases["fused_add_rms_norm[DTensor]"] = (lambda: (
+            [dt(full(1, 3, H, shift=0.3), 1), dt(full(2, 3, H), 1), dt(full(3, H), 0)],
+            lambda x, f, w: tpnorm.fused_add_rms_norm(x, f, H, w)), (0,))
     return cases
+
+
+_meshes = []
+
+
+def _mesh():
+    """A 1-D CPU mesh over the world, made once (making one is collective)."""
+    if not _meshes:
+        from torch.distributed.device_mesh import init_device_mesh
+        _meshes.append(init_device_mesh("cpu", (WORLD.size,)))
+    return _meshes[0]
+
+
+def _local(t):
+    """A DTensor's local shard (a plain tensor as it is; None stays None)."""
+    return t.to_local() if tpnorm.dtensor.is_dtensor(t) else t
 
 
 def _tuple(out):
@@ -133,9 +160,10 @@ def _grads(make, in_place, report):
     if not ok:
         report.append(lines)
         return None
+    outs = [_local(o) for o in outs]
     loss = sum((o * full(20 + i, *o.shape)).sum() for i, o in enumerate(outs))
     (loss if in_place else 2 * loss).backward()
-    return [t.grad for t in leaves]
+    return [_local(t.grad) for t in leaves]
 
 
 @pytest.mark.parametrize("name", sorted(_cases(None)))
@@ -147,7 +175,7 @@ def test_in_place_on_every_output_then_backward(comm, name):
         for i in saved:
             outs[i].mul_(2)
         try:
-            sum(o.sum() for o in outs).backward()
+            sum(_local(o).sum() for o in outs).backward()
             report.append(f"outputs {saved} modified in place, yet backward() ran")
         except RuntimeError as e:
             if "modified by an inplace operation" not in str(e):
@@ -157,7 +185,7 @@ def test_in_place_on_every_output_then_backward(comm, name):
         for i, o in enumerate(outs):
             if i not in saved:
                 o.mul_(2)
-        sum(o.sum() for o in outs).backward()
+        sum(_local(o).sum() for o in outs).backward()
     else:
         got, want = _grads(make, True, report), _grads(make, False, report)
         for i, (g, wg) in enumerate(zip(got or [], want)):

@@ -161,15 +161,19 @@ class _DFusedAddNorm(torch.autograd.Function):
         h, y, mean, rstd = F._fused_add_norm_forward(comm, xl, fl, wl, bl, alpha, opt,
                                                      centered)
         ctx.set_materialize_grads(False)
+        h, y = _wrap(h, x), _wrap(y, x)
+        # h saved as the output DTensor, not its local tensor: autograd's version check then
+        # sees an in-place op on the returned h (the local tensor's own counter does not).
         ctx.save_for_backward(h, wl, mean, rstd)
         ctx.alpha, ctx.comm, ctx.opt, ctx.centered = alpha, comm, opt, centered
         ctx.x, ctx.weight, ctx.bias = _Meta(x), _Meta(weight), _Meta(bias)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return _wrap(h, x), _wrap(y, x)
+        return h, y
 
     @staticmethod
     def backward(ctx, dh, dy):
         h, wl, mean, rstd = ctx.saved_tensors
+        h = h.to_local()
         x = ctx.x
         dx, df, dw, db = F._fused_add_norm_backward(
             ctx.comm, _local_grad(dh, x), _local_grad(dy, x), h, wl, mean, rstd, ctx.alpha,
