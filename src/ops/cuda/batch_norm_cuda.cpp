@@ -17,6 +17,7 @@
 #include "kernels/cuda/batch_norm.h"
 #include "kernels/cuda/exact_channels.h"
 #include "ops/cuda/device_call.h"
+#include "ops/op_spec.h"
 
 namespace tpnorm::detail {
 namespace {
@@ -66,11 +67,17 @@ void bn_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const BnFo
   st.update_running = f.opt.training && f.tracking;
   // The host verdict (strict: the summed header was checked on the host): the same count on
   // every rank, so every rank throws here together, before anything is enqueued.
-  if (f.batch_stats && call.strict() && call.global_count() <= 1)
-    throw Error(ErrorCode::kInvalidArgument,
-                "tpnorm: sync_batch_norm_forward: expected more than 1 value per channel over "
-                "all ranks, got " +
-                    std::to_string(static_cast<int64_t>(call.global_count())));
+  // Stats::kNaive's float32 wire counts exactly only below 2^24: refused here as on a host
+  // (whose check this is), rather than by the apply kernel's header check after the host has
+  // already counted the call in num_batches_tracked.
+  if (f.batch_stats && call.strict()) {
+    check_naive_count(f.opt.stats, call.global_count(), "sync_batch_norm_forward", "channel");
+    if (call.global_count() <= 1)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "tpnorm: sync_batch_norm_forward: expected more than 1 value per channel over "
+                  "all ranks, got " +
+                      std::to_string(static_cast<int64_t>(call.global_count())));
+  }
   const int64_t tracked = f.num_batches_tracked ? *f.num_batches_tracked + 1 : 0;
   st.momentum = f.cumulative ? 1.0 / static_cast<double>(tracked) : f.opt.momentum;
   st.running_mean = f.running_mean.data;
