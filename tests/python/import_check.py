@@ -7,6 +7,7 @@ its soname, so nothing may be imported first by accident):
   - `import tpnorm` first, then torch; and torch first, then tpnorm: both import, and the
     process maps at most one libnccl and one libcudart, torch's own when torch loads one;
     tpnorm alone maps exactly one libnccl when it has NCCL compiled in;
+  - a copy of the package without tpnorm._autograd: the one-time word on stderr;
   - `python -m tpnorm`: the report, consistent with the process (its libnccl count, the
     TPNORM_* variable set here, the C++ autograd when TPNORM_EXPECT_CPP_AUTOGRAD=1).
 --expect-cuda: the package must have the CUDA backend when torch is a CUDA build (a pip build
@@ -59,6 +60,34 @@ def probe(python, *modules):
     return json.loads(r.stdout) if r.returncode == 0 else None, r.stderr
 
 
+def slow_path_word(python):
+    """A copy of the installed package without tpnorm._autograd's stamp (what an isolated
+    build installs): the first import says once, on stderr, that the row norms take the Python
+    path and how to rebuild; not on a rank other than 0, not when TPNORM_PYTHON_AUTOGRAD=1."""
+    import shutil
+    import tempfile
+    r = run(python, "-c", "import os, tpnorm; print(os.path.dirname(tpnorm.__file__))")
+    if r.returncode != 0:
+        return check(False, "import tpnorm to find the package")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(r.stdout.strip(), os.path.join(tmp, "tpnorm"),
+                        ignore=shutil.ignore_patterns("_autograd*", "__pycache__"))
+        base = {k: v for k, v in os.environ.items()
+                if k not in ("TPNORM_PYTHON_AUTOGRAD", "RANK", "OMPI_COMM_WORLD_RANK")}
+        base["PYTHONPATH"] = tmp
+        code = "import tpnorm, tpnorm.functional as F; assert not F.CPP_AUTOGRAD; print(F.__file__)"
+        for extra, want in (({}, 1), ({"OMPI_COMM_WORLD_RANK": "1"}, 0),
+                            ({"TPNORM_PYTHON_AUTOGRAD": "1"}, 0)):
+            r = run(python, "-c", code, env=dict(base, **extra))
+            said = r.stderr.count("slower Python autograd path")
+            ok = (r.returncode == 0 and said == want and r.stdout.startswith(tmp)
+                  and (want == 0 or "--no-build-isolation" in r.stderr))
+            check(ok, f"without tpnorm._autograd, env {extra or 'plain'}: the word said {said} "
+                      f"time(s), want {want}")
+            if not ok:
+                print(r.stdout + r.stderr)
+
+
 def main():
     python = sys.argv[1]
     expect_cuda = "--expect-cuda" in sys.argv[2:]
@@ -93,6 +122,7 @@ def main():
             check(len(got[lib]) <= 1 and (not want[lib] or got[lib] == want[lib]),
                   f"torch first, then tpnorm: lib{lib} {got[lib]}")
 
+    slow_path_word(python)
     env = dict(os.environ, TPNORM_TIMEOUT="77")
     r = run(python, "-m", "tpnorm", env=env)
     check(r.returncode == 0, "python -m tpnorm")

@@ -48,7 +48,7 @@ run_block() {
     line="${line%%#*}"
     [ -n "${line// /}" ] || continue
     say "\$ $line"
-    bash -c "$line" || fail "exit $?: $line"
+    bash -c "$line" </dev/null || fail "exit $?: $line"   # mpirun would read the rest
   done <"$1"
 }
 
@@ -63,11 +63,11 @@ case "$mode" in
     run_block "$work/pip/install.sh" 2>&1 | tee "$work/install.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
     # Progress: one line per compiled file, and the one line that says whether CUDA is on.
-    n=$(grep -cE '^\[[0-9]+/[0-9]+\] ' "$work/install.log" || true)
+    n=$(grep -cE '^ *\[[0-9]+/[0-9]+\] ' "$work/install.log" || true)
     [ "$n" -gt 0 ] || fail "the install printed no build progress ([n/N] lines)"
     grep -qE 'tpnorm: CUDA backend (on|off)' "$work/install.log" ||
       fail "the install did not say whether the CUDA backend is on"
-    ! grep -E '^\[[0-9]+/[0-9]+\] .*(tests|bench|examples)/' "$work/install.log" ||
+    ! grep -E '^ *\[[0-9]+/[0-9]+\] .*(tests|bench|examples)/' "$work/install.log" ||
       fail "the install built tests, benchmarks or examples"
     say "ok: $n build steps, $(grep -oE 'tpnorm: CUDA backend (on|off)[^)]*\)?' "$work/install.log" | head -1)"
     ;;
