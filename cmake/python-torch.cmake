@@ -40,6 +40,7 @@ print(os.path.dirname(os.path.dirname(torch.__file__)))"
 if(NOT _tq_rc EQUAL 0)
   # pip's default (isolated) build installs only the build requirements: torch is not there.
   set(TPNORM_CUDA OFF)
+  set(TPNORM_CUDA_SAID ON)  # cuda.cmake: this line was the one about CUDA
   string(CONCAT TPNORM_BUILD_NOTES "the build could not import torch (pip's isolated build): CPU only, "
                          "no tpnorm._autograd; pip install --no-build-isolation . gives both")
   message(STATUS "tpnorm: CUDA backend off: ${TPNORM_BUILD_NOTES}")
@@ -60,6 +61,7 @@ if(NOT TPNORM_CUDA)
 endif()
 if(TPNORM_TORCH_CUDA STREQUAL "")
   set(TPNORM_CUDA OFF)
+  set(TPNORM_CUDA_SAID ON)
   set(TPNORM_BUILD_NOTES "CUDA backend off: torch ${TPNORM_TORCH_VERSION} is a CPU build")
   message(STATUS "tpnorm: ${TPNORM_BUILD_NOTES}")
   return()
