@@ -104,7 +104,10 @@ case "$mode" in
     # (pip's cache after the first time), then the wheel; run from a directory with no sources.
     torch_v=$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
     /usr/bin/python3 -m venv "$work/node"
-    "$work/node/bin/pip" --disable-pip-version-check -q install "torch==$torch_v" mpi4py "$whl"
+    # --no-compile: torch's thousands of .pyc would cost the test more than the rest of it; the
+    # interpreter compiles what it imports.
+    "$work/node/bin/pip" --disable-pip-version-check -q install --no-compile "torch==$torch_v" \
+      mpi4py "$whl"
     say "installed torch $torch_v, mpi4py and the wheel into a fresh venv"
     mkdir -p "$work/run"
     cp "$here/import_check.py" "$work/readme/quickstart/quickstart.py" "$work/run/"
