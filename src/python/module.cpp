@@ -321,4 +321,5 @@ PYBIND11_MODULE(_tpnorm, m) {
   tpnorm::python::bind_channel_norms(m);
   tpnorm::python::bind_benchmark(m);
   tpnorm::python::bind_eager_api(m);
+  tpnorm::python::bind_runtime_info(m);
 }

@@ -32,6 +32,8 @@ void set_python_error(std::exception_ptr p);
 
 /// Publishes eager_api.h's table (eager_api.cpp).
 void bind_eager_api(pybind11::module_& m);
+/// mpi_info, cuda_info, nccl_info: the libraries the process loaded (runtime_info.cpp).
+void bind_runtime_info(pybind11::module_& m);
 
 class TensorArgs {
  public:

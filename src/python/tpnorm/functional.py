@@ -10,10 +10,15 @@ Every rank must make the same calls in the same order, backward included.
 """
 import math
 import os
+import sys
 
 import torch
 
 from . import _tpnorm as _C
+try:
+    from . import _build  # written by the build: what it was made with
+except ImportError:
+    _build = None
 from .comm import address_of, as_communicator
 
 _STATS = {"robust": _C.Stats.ROBUST, "naive": _C.Stats.NAIVE, "exact": _C.Stats.EXACT}
@@ -127,18 +132,39 @@ def _load_autograd():
         with open(stamp) as f:
             built = f.read().strip()
     except OSError:
-        return None, ("tpnorm._autograd was not built (it needs torch's C++ headers at build "
-                      "time; see docs/python.md)")
+        why = getattr(_build, "AUTOGRAD_NOT_BUILT", "") or "it needs torch's C++ headers"
+        return None, f"tpnorm._autograd was not built: {why}"
     if built != torch.__version__:
         return None, f"tpnorm._autograd was built for torch {built}, not {torch.__version__}"
     from . import _autograd
     return _autograd, None
 
 
+# The command that rebuilds the package against the torch running (docs/python.md, Install).
+REBUILD = ("pip install scikit-build-core pybind11 && "
+           "pip install -v --no-build-isolation --no-deps --force-reinstall <tpnorm source or sdist>")
+
+
+def _say_slow_path(reason):
+    """Says once per process, on rank 0 (or where no launcher names a rank), that the row norms
+    run through the Python Functions and how to get the C++ path: a silent fallback would cost
+    every training step its overhead. Not said when the user chose it (TPNORM_PYTHON_AUTOGRAD)."""
+    if reason is None or os.environ.get("TPNORM_PYTHON_AUTOGRAD", "0") not in ("", "0"):
+        return
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "0") != "0":
+            return
+    fix = ("install torch's C++ headers (Debian: libtorch-dev), then rebuild"
+           if "C++ headers" in reason else "rebuild against this torch")
+    print(f"tpnorm: the row norms use the slower Python autograd path ({reason}). To get the "
+          f"C++ path, {fix}: {REBUILD}. `python -m tpnorm` shows the build.", file=sys.stderr)
+
+
 # The row norms' eager autograd: C++ (tpnorm._autograd) where it was built for this torch, else
 # the Python Function _RowNorm below; CPP_AUTOGRAD says which, CPP_AUTOGRAD_REASON why not.
 _autograd, CPP_AUTOGRAD_REASON = _load_autograd()
 CPP_AUTOGRAD = _autograd is not None
+_say_slow_path(CPP_AUTOGRAD_REASON)
 _Tensor = torch.Tensor
 _opt_addresses = {}
 
