@@ -2,8 +2,10 @@
 
   BatchNorm2d   torch.nn.BatchNorm2d: each rank normalises with its own batch's statistics
                 (no synchronisation: the floor a synchronised BatchNorm is measured against);
-  tpnorm        tpnorm.SyncBatchNorm.convert_sync_batchnorm: statistics over every rank's batch,
-                one all-reduce per BatchNorm forward and one per backward;
+  tpnorm        tpnorm.SyncBatchNorm.convert_sync_batchnorm over the gloo group: statistics over
+                every rank's batch, one all-reduce per BatchNorm forward and one per backward;
+  tpnorm-mpi    the same over an mpi4py communicator (tpnorm.from_mpi4py): the norms' sums go
+                through MPI (shared memory on one node) instead of gloo;
   naive         what a CPU user writes without tpnorm (torch.nn.SyncBatchNorm runs on CUDA
                 only), as detectron2's NaiveSyncBatchNorm does: per-channel mean and mean of
                 squares all-reduced through torch.distributed.nn's autograd-aware all_reduce,
@@ -14,7 +16,8 @@ the norms' all-reduces. Per step: forward, cross-entropy, backward, SGD with mom
 are timed in turn, round by round (--rounds), --steps steps each after a warm-up; the table gives
 the median milliseconds per step over every round's steps, the ratio to BatchNorm2d, and the
 milliseconds per step spent inside the norms' torch.distributed.all_reduce calls (timed around
-each call: DDP's gradient buckets are not among them).
+each call, waiting for the other rank included: DDP's gradient buckets are not among them; MPI's
+sums are not timed).
 
     mpiexec -n 2 python bench/python/vision_step.py [--batch 32] [--size 32] [--steps 10]
 
@@ -102,6 +105,8 @@ def naive(model):
 KINDS = {
     "BatchNorm2d": lambda m: m,
     "tpnorm": lambda m: tpnorm.SyncBatchNorm.convert_sync_batchnorm(m, dist.group.WORLD),
+    "tpnorm-mpi": lambda m: tpnorm.SyncBatchNorm.convert_sync_batchnorm(
+        m, tpnorm.from_mpi4py(MPI.COMM_WORLD)),
     "naive": naive,
 }
 
@@ -184,7 +189,8 @@ def main():
         print(f"{'format':<14} {'BatchNorm':<12} {'ms/step':>9} {'min':>8} {'max':>8} "
               f"{'/ floor':>8} {'norm all-reduce ms':>19}")
         for f, k, med, lo, hi, ratio, comm in rows:
-            print(f"{f:<14} {k:<12} {med:9.1f} {lo:8.1f} {hi:8.1f} {ratio:8.3f} {comm:19.2f}")
+            c = f"{comm:19.2f}" if k != "tpnorm-mpi" else f"{'(MPI, not timed)':>19}"
+            print(f"{f:<14} {k:<12} {med:9.1f} {lo:8.1f} {hi:8.1f} {ratio:8.3f} {c}")
         for f, c in checks:
             print(f"{f}: naive vs tpnorm logits of the first training forward: {c:.2e} "
                   f"relative (largest over the ranks)")
