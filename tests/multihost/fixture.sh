@@ -68,7 +68,7 @@ mh_cleanup() {
     [ -e "$f" ] || continue
     umount "$f" 2>/dev/null; rm -f "$f"
   done
-  rm -f "$MH_RUN/$p.owner"
+  rm -f "$MH_RUN/$p.owner" "$MH_RUN/$p-agent.sh"
   # /etc/netns goes when empty (as before any run); $MH_RUN stays: another run may be about to
   # create its files there.
   rmdir /etc/netns 2>/dev/null
@@ -96,6 +96,10 @@ mh_up() {
   trap 'exit 143' TERM INT HUP
   mkdir -p "$MH_RUN"
   echo "$$ $(mh_start_time $$)" >"$MH_RUN/$MH_PREFIX.owner"
+  # mpirun splits its agent's value at spaces (it is a command line: "ssh -x"), so a checkout
+  # under a directory with a space gives mpirun a copy of the agent at a path without one.
+  cp "$MH_DIR/agent.sh" "$MH_RUN/$MH_PREFIX-agent.sh"
+  MH_AGENT="$MH_RUN/$MH_PREFIX-agent.sh"
   ip netns add "$MH_BR"
   ip -n "$MH_BR" link add br0 type bridge
   ip -n "$MH_BR" link set br0 up
