@@ -8,7 +8,8 @@
 # Covers: what run adds only when needed (oversubscription past the cores, no binding for
 # several threads per rank, run-as-root only as root); -np as -n; -H/--host, -N, -x passed through; --mpirun-args keeping quoted values;
 # inside Slurm, srun for the flags it honours and an error naming each flag it cannot honour;
-# mpirun inside Slurm when srun has no PMIx; bench's --hosts / --hostfile.
+# mpirun inside Slurm when srun has no PMIx; bench's --hosts / --hostfile; the same flags
+# spelled for MPICH's Hydra mpiexec (TPNORM_MPIEXEC), with none of Open MPI's options.
 set -uo pipefail
 LAUNCHER="$1"
 dir="$(mktemp -d)"; trap 'rm -rf "$dir"' EXIT
@@ -17,13 +18,19 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 # The recorders: argv one word per line in $dir/argv, the variables the ranks would see in
-# $dir/env. srun --mpi=list answers with pmix only when FAKE_SRUN_PMIX=1.
-for tool in mpirun srun; do
+# $dir/env. srun --mpi=list answers with pmix only when FAKE_SRUN_PMIX=1; --version answers
+# as Open MPI's mpirun and Hydra's mpiexec do (the launcher picks its options by it).
+for tool in mpirun srun mpiexec.hydra; do
   cat >"$dir/bin/$tool" <<EOF
 #!/usr/bin/env bash
 if [ "$tool" = srun ] && [ "\${1:-}" = --mpi=list ]; then
   echo "MPI plugin types are..."; echo "	none"
   [ "\${FAKE_SRUN_PMIX:-0}" = 1 ] && echo "	pmix"
+  exit 0
+fi
+if [ "\${1:-}" = --version ]; then
+  [ "$tool" = mpirun ] && echo "mpirun (Open MPI) 4.1.4"
+  [ "$tool" = mpiexec.hydra ] && printf 'HYDRA build details:\n    Version: 4.0.2\n'
   exit 0
 fi
 printf '%s\n' "$tool" "\$@" >"$dir/argv"
@@ -131,6 +138,31 @@ launch -n 2 --launcher mpirun --hosts ha:2 true
 FAKE_SRUN_PMIX=0 launch -n 2 true
 [[ "$argv" == mpirun* ]] || fail "Slurm without PMIx: $argv"
 unset SLURM_JOB_ID FAKE_SRUN_PMIX
+
+# MPICH's Hydra: nothing of Open MPI's (no --oversubscribe, --bind-to, -x, run-as-root, --mca),
+# the environment by -genv VAR VALUE, hosts by -hosts / -f, K per host by -ppn; --transport tcp
+# (Open MPI's TCP transport) refused.
+export TPNORM_MPIEXEC="$dir/bin/mpiexec.hydra"
+unset OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
+launch -n $((cores + 2)) -N 2 --hosts ha:2,hb:2 -x LINES_B=set-here -x TPNORM_LINES_A true
+[[ "$argv" == "mpiexec.hydra "* ]] || fail "Hydra: not run: $argv"
+lacks --oversubscribe && lacks --bind-to && lacks -x && lacks --mca && lacks --host ||
+  fail "Hydra: an Open MPI option: $argv"
+has "-genv TPNORM_WORLD_SIZE $((cores + 2))" && has "-genv TPNORM_LINES_A from-shell" &&
+  has "-genv LINES_B set-here" && has "-genv OMP_NUM_THREADS 1" || fail "Hydra: -genv: $argv"
+has "-ppn 2" && has "-hosts ha:2,hb:2" && has "-n $((cores + 2)) true" || fail "Hydra: hosts: $argv"
+! env_is OMPI_ALLOW_RUN_AS_ROOT=1 && ! grep -q OMPI_ALLOW "$dir/log" || fail "Hydra: run-as-root set"
+grep -q "mpiexec.hydra -n $((cores + 2)) adds: OMP_NUM_THREADS=1 -genv OMP_NUM_THREADS 1" "$dir/log" ||
+  fail "Hydra: not printed: $(cat "$dir/log")"
+launch -n 2 --hostfile /dev/null true
+has "-f /dev/null" || fail "Hydra: --hostfile: $argv"
+OMP_NUM_THREADS=2 launch -n $((cores + 1)) true
+lacks --oversubscribe && lacks --bind-to && has "-genv OMP_NUM_THREADS 2" ||
+  fail "Hydra: past the cores, 2 threads: $argv"
+launch -n 2 --transport tcp true
+[ "$rc" -eq 2 ] && [ -z "$argv" ] && grep -q "Open MPI's TCP transport only" "$dir/log" ||
+  fail "Hydra: --transport tcp: exit $rc, ran '$argv'"
+unset TPNORM_MPIEXEC
 
 # bench takes the hosts too (its flags are checked before anything is built: a bad flag after
 # --hosts is the first complaint, so --hosts itself was taken).

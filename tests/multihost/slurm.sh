@@ -92,10 +92,28 @@ on_h1() { mh_exec "$H1" env SLURM_CONF="$SLURM_CONF" "$@"; }
 for ((i = 0; i < 100; ++i)); do on_h1 scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
 on_h1 scontrol ping 2>/dev/null | grep -q UP || fail "slurmctld does not answer"
 # ip netns exec gives each command a mount namespace of its own (not propagated back), so the
-# tmpfs on /tmp is the node's alone and goes with its last process.
+# tmpfs on /tmp is the node's alone and goes with its last process. What the jobs need from
+# this machine's /tmp stays visible through it, as a cluster's shared file system would show
+# it: a tree under /tmp (the launcher, the programs, the job's directory: a clone or a build
+# under /tmp) is bound back at the same path from the /tmp underneath.
+keep=()
+for p in "$MH_LAUNCHER" "$MH_ROW" "$MH_BENCH" "$PWD"; do
+  case "$p" in
+    /tmp/*) top="${p#/tmp/}"; top="/tmp/${top%%/*}"
+            [[ " ${keep[*]-} " == *" $top "* ]] || keep+=("$top") ;;
+  esac
+done
+[ "${#keep[@]}" -eq 0 ] || echo "kept visible under each node's /tmp: ${keep[*]}"
 for h in "$H1" "$H2"; do
-  mh_exec "$h" sh -c 'mount -t tmpfs -o size=256m tpmh-tmp /tmp && exec slurmd -D -N "$0" -f "$1"' \
-    "$h" "$SLURM_CONF" >/dev/null 2>&1 &
+  mkdir -p "$D/under-$h"
+  mh_exec "$h" sh -c '
+    h="$1" conf="$2" under="$3"; shift 3
+    mount --bind /tmp "$under" && mount -t tmpfs -o size=256m tpmh-tmp /tmp || exit 1
+    for p in "$@"; do
+      mkdir -p "$p" && mount --bind "$under/${p#/tmp/}" "$p" || exit 1
+    done
+    exec slurmd -D -N "$h" -f "$conf"' sh "$h" "$SLURM_CONF" "$D/under-$h" "${keep[@]}" \
+    >"$D/slurmd-start-$h.log" 2>&1 &
 done
 for ((i = 0; i < 120; ++i)); do
   [ "$(on_h1 sinfo -h -t idle -o '%D' 2>/dev/null)" = 2 ] && break
@@ -108,6 +126,7 @@ pmix=no; on_h1 srun --mpi=list 2>&1 | grep -q pmix && pmix=yes
 echo "srun has PMIx: $pmix"
 
 # 1. The job script of docs/multi-node.md, 2 tasks per node (each node has 2 CPUs here).
+launcher_q="$(printf '%q' "$MH_LAUNCHER")" row_q="$(printf '%q' "$MH_ROW")"
 cat >"$D/job.sh" <<EOF
 #!/bin/bash
 #SBATCH -N 2
@@ -115,7 +134,7 @@ cat >"$D/job.sh" <<EOF
 #SBATCH -t 00:02:00
 cd "\$SLURM_SUBMIT_DIR"
 export TPNORM_TIMEOUT=60
-$MH_LAUNCHER run -n "\$SLURM_NTASKS" $MH_ROW
+$launcher_q run -n "\$SLURM_NTASKS" $row_q
 EOF
 on_h1 timeout -s KILL 100 sbatch --wait -D "$(pwd)" -o "$D/job.out" "$D/job.sh" >"$D/sbatch.out" 2>&1
 rc=$?
