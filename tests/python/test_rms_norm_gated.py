@@ -136,11 +136,44 @@ class _ShardedMixerNorm(torch.nn.Module):
             self.norm.weight.copy_(cols(hf_norm.weight.detach(), WORLD.rank, WORLD.size, 0))
 
     def forward(self, hidden_states, gate=None):
-        import torch.distributed.nn.functional as dnn
-
         lo, hi = self.norm.shard
-        y = self.norm(hidden_states[..., lo:hi].contiguous(), gate[..., lo:hi].contiguous())
-        return torch.cat(dnn.all_gather(y), dim=-1)
+        y = self.norm(_SliceReplicated.apply(hidden_states, lo, hi),
+                      _SliceReplicated.apply(gate, lo, hi))
+        return _GatherReplicated.apply(y, lo, hi)
+
+
+def _gather_last(t):
+    parts = [torch.empty_like(t) for _ in range(WORLD.size)]  # even slices: 2 and 3 ranks
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts, dim=-1)
+
+
+class _SliceReplicated(torch.autograd.Function):
+    """This rank's slice of a replicated tensor's last dim; backward gathers every rank's slice
+    of the gradient (Megatron's "scatter to the tensor-parallel region")."""
+
+    @staticmethod
+    def forward(ctx, t, lo, hi):
+        return t[..., lo:hi].contiguous()
+
+    @staticmethod
+    def backward(ctx, dt):
+        return _gather_last(dt), None, None
+
+
+class _GatherReplicated(torch.autograd.Function):
+    """The ranks' slices of the last dim gathered. The rest of the model is replicated, so the
+    gathered tensor's gradient is the same on every rank: backward keeps this rank's slice
+    (torch.distributed.nn's all_gather would sum the P copies)."""
+
+    @staticmethod
+    def forward(ctx, y, lo, hi):
+        ctx.lo, ctx.hi = lo, hi
+        return _gather_last(y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy[..., ctx.lo:ctx.hi].contiguous(), None, None
 
 
 @pytest.mark.parametrize("n_groups", [1, 2])
@@ -172,14 +205,18 @@ def test_hf_mamba2_model_with_sharded_norms(n_groups):
     out_ref.pow(2).mean().backward()
     out_tp.pow(2).mean().backward()
     r, P, report = WORLD.rank, WORLD.size, []
-    n = wrong("logits", out_tp, out_ref, 1e-9, 1e-8, report)
+
+    def check(name, got, want):  # HF's norm computes in float32 even in a float64 model
+        return wrong(name, got, want, 1e-5 * float(want.abs().max()), 1e-5, report)
+
+    n = check("logits", out_tp, out_ref)
     for a, b in zip(ref.backbone.layers, tp.backbone.layers):
-        n += wrong(f"layer {a.layer_idx} norm dweight", b.mixer.norm.norm.weight.grad,
-                   cols(a.mixer.norm.weight.grad, r, P, 0), 1e-9, 1e-8, report)
-        n += wrong(f"layer {a.layer_idx} in_proj grad", b.mixer.in_proj.weight.grad,
-                   a.mixer.in_proj.weight.grad, 1e-9, 1e-8, report)
-    n += wrong("embedding grad", tp.backbone.embeddings.weight.grad,
-               ref.backbone.embeddings.weight.grad, 1e-9, 1e-8, report)
+        n += check(f"layer {a.layer_idx} norm dweight", b.mixer.norm.norm.weight.grad,
+                   cols(a.mixer.norm.weight.grad, r, P, 0))
+        n += check(f"layer {a.layer_idx} in_proj grad", b.mixer.in_proj.weight.grad,
+                   a.mixer.in_proj.weight.grad)
+    n += check("embedding grad", tp.backbone.embeddings.weight.grad,
+               ref.backbone.embeddings.weight.grad)
     assert_everywhere(n == 0, report)
 
 
