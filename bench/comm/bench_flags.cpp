@@ -142,8 +142,9 @@ bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
       return false;
     }
   }
-  if (f.op != "all" && f.op != "layernorm" && f.op != "rmsnorm" && f.op != "syncbn") {
-    error = "--op must be layernorm, rmsnorm, syncbn or all, not '" + f.op + "'";
+  if (f.op != "all" && f.op != "layernorm" && f.op != "rmsnorm" && f.op != "syncbn" &&
+      f.op != "rmsnormgated") {
+    error = "--op must be layernorm, rmsnorm, syncbn, rmsnormgated or all, not '" + f.op + "'";
     return false;
   }
   if (!f.strategies.empty() &&
