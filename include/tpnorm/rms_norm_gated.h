@@ -35,9 +35,10 @@
 // the presence of z and weight. dtypes: x, z, y, dy, dx, dz share one storage dtype (fp32, fp16,
 // bf16, or fp64 with Stats::kRobust on CPU communicators); weight and dweight have x's dtype or
 // float32 next to fp16/bf16 x (mixed precision); rstd is float32 or float64 [rows, G] (every
-// group, the same on every rank). Computation is in float32 (float64 for fp64 storage). CPU
-// communicators only so far: on a device communicator the call fails on every rank. Errors:
-// tpnorm::Error on every rank together (tpnorm/error.h), outputs untouched.
+// group, the same on every rank). Computation is in float32 (float64 for fp64 storage). On device
+// communicators (CUDA builds): Stats::kRobust and kNaive with weights in x's dtype; Stats::kExact
+// fails there on every rank (CPU kernels only so far). Errors: tpnorm::Error on every rank
+// together (tpnorm/error.h), outputs untouched.
 #pragma once
 
 #include <cstdint>

@@ -154,6 +154,39 @@ void dispatch_gated(const Gating& gt, DType wire, DType saved, Fn&& fn) {
   });
 }
 
+#ifdef TPNORM_WITH_CUDA
+void forward_partial_device(PackedCall& call, DeviceCommunicator& dev, const GatedForward& a) {
+  gated_forward_partial_cuda(call, dev, a.gt.k, a.gt.x, a.gt.z);
+}
+void forward_apply_device(PackedCall& call, DeviceCommunicator& dev, const GatedForward& a) {
+  const Gating& gt = a.gt;
+  gated_forward_apply_cuda(call, dev, gt.k, gt.g.hidden, gt.x, gt.z, gt.weight, a.y, a.rstd,
+                           gt.opt);
+}
+void backward_partial_device(PackedCall& call, DeviceCommunicator& dev, const GatedBackward& a) {
+  const Gating& gt = a.gt;
+  gated_backward_partial_cuda(call, dev, gt.k, a.dy, gt.x, gt.z, gt.weight, a.rstd, a.dweight);
+}
+void backward_apply_device(PackedCall& call, DeviceCommunicator& dev, const GatedBackward& a) {
+  const Gating& gt = a.gt;
+  gated_backward_apply_cuda(call, dev, gt.k, gt.g.hidden, a.dy, gt.x, gt.z, gt.weight, a.rstd, a.dx,
+                            a.dz, a.dweight);
+}
+PayloadSize device_payload(const Gating& gt, bool forward) {
+  PayloadSize p = gating_payload(gt, forward);
+  p.device_scratch = gated_scratch_cuda(gt.k);
+  return p;
+}
+#else
+PayloadSize device_payload(const Gating& gt, bool forward) { return gating_payload(gt, forward); }
+#endif
+// Stats::kExact stays on the CPU kernels so far: run_op refuses it on a device communicator
+// (hooks not declared exact), and the validator refuses float32 weights next to fp16/bf16 x.
+constexpr DeviceHooks<GatedForward> kForwardDevice =
+    TPNORM_DEVICE_HOOKS(forward_partial_device, forward_apply_device);
+constexpr DeviceHooks<GatedBackward> kBackwardDevice =
+    TPNORM_DEVICE_HOOKS(backward_partial_device, backward_apply_device);
+
 class GatedForwardOp final : public SpecOf<GatedForward> {
  public:
   using SpecOf::SpecOf;
@@ -170,7 +203,7 @@ class GatedForwardOp final : public SpecOf<GatedForward> {
     call.agree("eps", args_.gt.opt.eps);
     agree_gating(call, args_.gt);
   }
-  PayloadSize payload() const override { return gating_payload(args_.gt, true); }
+  PayloadSize payload() const override { return device_payload(args_.gt, true); }
   void partial(PackedCall& call) override {
     const Gating& gt = args_.gt;
     dispatch_forward_partial(
@@ -230,7 +263,7 @@ class GatedBackwardOp final : public SpecOf<GatedBackward> {
     v.stats("rstd", args_.rstd, gt.g.slots);
   }
   void agree(PackedCall& call) const override { agree_gating(call, args_.gt); }
-  PayloadSize payload() const override { return gating_payload(args_.gt, false); }
+  PayloadSize payload() const override { return device_payload(args_.gt, false); }
   // This rank's dweight sums stay local (they are per local channel); written by the apply.
   void partial(PackedCall& call) override {
     const Gating& gt = args_.gt;
@@ -305,7 +338,8 @@ PendingCall rms_norm_gated_forward_start(Communicator& comm, const TensorView& x
   const DType param = detail::param_dtype(x, {&weight});
   return detail::start_op(comm, std::make_unique<detail::GatedForwardOp>(
                                     "rms_norm_gated_forward", opt,
-                                    detail::GatedForward{{x, z, gg, weight, opt, param}, y, rstd}));
+                                    detail::GatedForward{{x, z, gg, weight, opt, param}, y, rstd},
+                                    detail::kForwardDevice));
 }
 
 void rms_norm_gated_forward(Communicator& comm, const TensorView& x, const TensorView& z,
@@ -325,7 +359,8 @@ PendingCall rms_norm_gated_backward_start(Communicator& comm, const TensorView& 
   return detail::start_op(
       comm, std::make_unique<detail::GatedBackwardOp>(
                 "rms_norm_gated_backward", opt,
-                detail::GatedBackward{{x, z, gg, weight, opt, param}, dy, rstd, dx, dz, dweight}));
+                detail::GatedBackward{{x, z, gg, weight, opt, param}, dy, rstd, dx, dz, dweight},
+                detail::kBackwardDevice));
 }
 
 void rms_norm_gated_backward(Communicator& comm, const TensorView& dy, const TensorView& x,
