@@ -448,6 +448,7 @@ class NcclCommunicator final : public CudaCommBase {
   /// Collective over `control` (MPI_Comm_dup): the strict pre-check and diagnoses go over it.
   void attach_control(MPI_Comm control) { mpi_ = std::make_unique<MpiDup>(control); }
 
+  bool control_while_capturing() const override { return mpi_ != nullptr; }
   // MPI when the communicator came from an MPI_Comm; else NCCL plus a polled wait on the
   // stream (strict calls and diagnoses only, never in the steady state).
   void control_all_reduce_sum(double* buf, size_t n) override {
