@@ -14,9 +14,10 @@
 set -euo pipefail
 
 # The one place the PyPI torch is pinned, with the model libraries the suite runs tpnorm
-# inside (their releases that go with this torch; mmengine for its registry).
+# inside (their releases that go with this torch; mmengine for its registry; transformers for
+# HF's own modeling code of OLMo 2, OLMoE, FlexOlmo and MiniMax-M2).
 TORCH_VERSION=2.15.0
-MODEL_LIBS=(torchvision==0.29.2 timm==1.0.31 mmengine==0.10.7)
+MODEL_LIBS=(torchvision==0.29.2 timm==1.0.31 mmengine==0.10.7 transformers==5.25.0)
 PINS="torch==$TORCH_VERSION ${MODEL_LIBS[*]}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# rehearse_gpu_check.sh — the GPU check's three commands on a machine WITHOUT a GPU, to see
-# before a device run that everything up to the first CUDA call works: the plan (the items'
-# time limits add up to each command's budget), the set-up, configure and build of the GPU
-# targets, the host tests; every GPU item is then reported SKIP with its reason, and the
-# summary and logs land in the --out directory as on the device.
+# rehearse_gpu_check.sh — the GPU check's two commands on a machine WITHOUT a GPU, to see
+# before a device run that everything up to the first CUDA call works within the commands'
+# budgets: the plan (first within 480 s, second within 210 s), then `first` (set-up with the
+# environment report, configure and build of the GPU targets, the host tests) and `second`
+# (its check for first's binaries, set-up); every GPU item is reported SKIP with its reason.
+# Passes when both commands exit 0, each within its budget, and the --out directory holds at
+# most 3 files (summary.txt, gpu-check-logs.tar.gz, gpu-bench.json; a device run may fetch 8).
 #
-#   launch/rehearse_gpu_check.sh [--out DIR] [--build-dir DIR] [--budget S] [--hide-system]
+#   launch/rehearse_gpu_check.sh [--out DIR] [--build-dir DIR] [--hide-system]
 #
 # --hide-system (root; unshare -m): hides the system's OpenMPI, PMIx, GoogleTest and nccl.h
 # behind empty directories in a private mount namespace and puts a fake PyTorch NCCL wheel on
@@ -15,15 +17,13 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT=/tmp/tpnorm-rehearse-out
 BUILD="$ROOT/build-gpu"
-BUDGET=480
 HIDE=0
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --out) [ $# -ge 2 ] || { echo "rehearse: --out needs a value" >&2; exit 2; }; OUT="$2"; shift ;;
     --build-dir) [ $# -ge 2 ] || { echo "rehearse: --build-dir needs a value" >&2; exit 2; }; BUILD="$2"; shift ;;
-    --budget) [ $# -ge 2 ] || { echo "rehearse: --budget needs a value" >&2; exit 2; }; BUDGET="$2"; shift ;;
     --hide-system) HIDE=1 ;;
     *) echo "rehearse: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -33,14 +33,22 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 
 run_all() {
-  "$ROOT/launch/gpu-check" plan --budget "$BUDGET"
-  local c rc=0
-  for c in core sanitize extended; do
+  "$ROOT/launch/gpu-check" plan
+  local c rc=0 t0 took budget
+  for c in first second; do
     echo "--- gpu-check $c"
-    "$ROOT/launch/gpu-check" "$c" --out "$OUT" --build-dir "$BUILD" --budget "$BUDGET" || rc=1
+    budget=480; [ "$c" = second ] && budget=210
+    t0=$(date +%s)
+    "$ROOT/launch/gpu-check" "$c" --out "$OUT" --build-dir "$BUILD" || { echo "rehearse: $c failed"; rc=1; }
+    took=$(( $(date +%s) - t0 ))
+    echo "rehearse: $c took $took s (budget $budget s)"
+    [ "$took" -le "$budget" ] || { echo "rehearse: $c overran its budget"; rc=1; }
   done
-  echo "--- summary ($OUT/summary.txt; logs in $OUT/logs)"
+  local files; files=$(ls -A "$OUT" | wc -l)
+  echo "--- summary ($OUT/summary.txt; $files files in $OUT: $(ls -A "$OUT" | tr '\n' ' '))"
   grep -E '^\[(PASS|FAIL|SKIP)' "$OUT/summary.txt"
+  [ "$files" -le 3 ] || { echo "rehearse: $OUT holds $files files (at most 3)"; rc=1; }
+  [ "$rc" = 0 ] && echo "rehearse: PASS" || echo "rehearse: FAIL"
   return $rc
 }
 
@@ -55,7 +63,7 @@ cp -a /usr/local/cuda/include/. "$WORK/cuda-include/"
 rm -f "$WORK/cuda-include/nccl.h"
 MA=/usr/lib/x86_64-linux-gnu
 export -f run_all
-export ROOT OUT BUILD BUDGET
+export ROOT OUT BUILD
 exec unshare -m --propagation private bash -c "
   set -e
   for d in $MA/openmpi $MA/pmix2 /etc/openmpi /usr/include/gtest /usr/include/gmock \

@@ -16,16 +16,26 @@ bool to_int(const std::string& s, long long& v) {
   return !s.empty() && *end == '\0';
 }
 
-bool known_strategies(const std::string& list, std::string& bad) {
-  if (list == "all") return true;
+// Every name is a strategy, and all of one family ("all": the LayerNorm ones, "qk": the
+// QK-norm ones).
+bool known_strategies(const std::string& list, std::string& error) {
+  if (list == "all" || list == "qk") return true;
   std::stringstream in(list);
+  std::string family;
   for (std::string name; std::getline(in, name, ',');) {
-    bool found = false;
-    for (const BenchStrategy& s : bench_strategies()) found |= name == s.name;
+    const BenchStrategy* found = nullptr;
+    for (const BenchStrategy& s : bench_strategies())
+      if (name == s.name) found = &s;
     if (!found) {
-      bad = name;
+      error = "--strategies: unknown strategy '" + name + "'";
       return false;
     }
+    if (!family.empty() && family != found->family) {
+      error = "--strategies: " + name + " (" + found->family + ") compares with strategies of "
+              "its own family, not " + family + " ones";
+      return false;
+    }
+    family = found->family;
   }
   return true;
 }
@@ -68,16 +78,14 @@ bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
       f.op = v;
     } else if (k == "--strategies") {
       if (!val()) return false;
-      std::string bad;
-      if (!known_strategies(v, bad)) {
-        error = "--strategies: unknown strategy '" + bad + "'";
-        return false;
-      }
+      if (!known_strategies(v, error)) return false;
       f.strategies = v;
-    } else if (k == "--rows" || k == "--hidden" || k == "-n" || k == "-w") {
+    } else if (k == "--rows" || k == "--hidden" || k == "--kv-hidden" || k == "-n" ||
+               k == "-w") {
       if (!number(k == "-w" ? 0 : 1, n)) return false;
       if (k == "--rows") f.cfg.rows = n;
       if (k == "--hidden") f.cfg.hidden = n;
+      if (k == "--kv-hidden") f.cfg.kv_hidden = n;
       if (k == "-n") f.iters = static_cast<int>(n);
       if (k == "-w") f.warmup = static_cast<int>(n);
     } else if (k == "--shape") {

@@ -17,6 +17,7 @@ namespace tpnorm_bench {
 
 struct BenchConfig {
   int64_t rows = 512, hidden = 1024;         // row norms: x [rows, hidden], hidden sharded
+  int64_t kv_hidden = 0;                     // QK-norm strategies: k's width (0: hidden)
   std::vector<int64_t> shape{32, 64, 8, 8};  // syncbn: NCHW, batch N sharded
   tpnorm::DType dtype = tpnorm::DType::F32;
   tpnorm::Stats stats = tpnorm::Stats::kRobust;

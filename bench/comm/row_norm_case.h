@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench_op.h"
+#include "tpnorm/batched.h"
 #include "harness.h"
 #include "reference.h"
 #include "storage.h"
@@ -21,15 +22,16 @@ using tpnorm_test::Buffer;
 
 class RowNormCase : public BenchCase {
  public:
-  RowNormCase(bool centered, const BenchConfig& c, int rank, int size)
+  // `seed` picks the data: two cases of one step (a layer's q and k) get different ones.
+  RowNormCase(bool centered, const BenchConfig& c, int rank, int size, uint64_t seed = 1)
       : centered_(centered), cfg_(c), R_(c.rows), H_(c.hidden) {
     const auto split = tpnorm_test::split_even(H_, size);
     c0_ = split.offset[rank];
     h_ = split.count[rank];
-    X_ = tpnorm_test::normal(1, 0, R_ * H_, 0.5);
-    DY_ = tpnorm_test::normal(2, 0, R_ * H_);
-    G_ = tpnorm_test::normal(3, 0, H_, 1.0);
-    B_ = tpnorm_test::normal(4, 0, H_);
+    X_ = tpnorm_test::normal(seed, 0, R_ * H_, 0.5);
+    DY_ = tpnorm_test::normal(seed + 1, 0, R_ * H_);
+    G_ = tpnorm_test::normal(seed + 2, 0, H_, 1.0);
+    B_ = tpnorm_test::normal(seed + 3, 0, H_);
     const tpnorm::DType t = c.dtype;
     x_ = Buffer(t, tpnorm_test::columns(X_, R_, H_, c0_, h_));
     dy_ = Buffer(t, tpnorm_test::columns(DY_, R_, H_, c0_, h_));
@@ -93,9 +95,44 @@ class RowNormCase : public BenchCase {
   // docs/cpp-api.md, "One collective per call": LayerNorm R x 2 values, RMSNorm R x 1 value, forward and
   // backward alike; Stats::kExact (tpnorm/norm.h) R x 13 / 8 int64 forward, R x 11 / 6 backward.
   uint64_t payload_values(bool forward) const override {
+    return row_values(forward) * static_cast<uint64_t>(R_);
+  }
+  uint64_t row_values(bool forward) const {
     if (cfg_.stats == tpnorm::Stats::kExact)
-      return static_cast<uint64_t>(R_) * (forward ? (centered_ ? 13 : 8) : (centered_ ? 11 : 6));
-    return static_cast<uint64_t>(R_) * (centered_ ? 2 : 1);
+      return forward ? (centered_ ? 13 : 8) : (centered_ ? 11 : 6);
+    return centered_ ? 2 : 1;
+  }
+
+  // This case's op as one item of a batched call (tpnorm/batched.h).
+  tpnorm::RowNormItem item() {
+    const tpnorm::Shape s{R_, h_}, p{h_}, r{R_};
+    tpnorm::RowNormItem i;
+    i.centered = centered_;
+    i.x = x_.view(s);
+    i.gamma = g_.view(p);
+    if (centered_) {
+      i.beta = b_.view(p);
+      i.mean = view(mean_.data(), r);
+    }
+    i.y = y_.view(s);
+    i.rstd = view(rstd_.data(), r);
+    return i;
+  }
+  tpnorm::RowNormGradItem grad_item() {
+    const tpnorm::Shape s{R_, h_}, p{h_}, r{R_};
+    tpnorm::RowNormGradItem i;
+    i.centered = centered_;
+    i.dy = dy_.view(s);
+    i.x = x_.view(s);
+    i.gamma = g_.view(p);
+    if (centered_) {
+      i.mean = view(mean_.data(), r);
+      i.dbeta = db_.view(p);
+    }
+    i.rstd = view(rstd_.data(), r);
+    i.dx = dx_.view(s);
+    i.dgamma = dg_.view(p);
+    return i;
   }
 
  protected:

@@ -138,16 +138,26 @@ int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits
   const int rank = world.rank(), P = world.size();
   std::vector<const BenchStrategy*> chosen;
   for (const BenchStrategy& s : bench_strategies()) {
-    bool want = f.strategies == "all";
+    const std::string family = s.family;
+    bool want = (f.strategies == "all" && family == "layernorm") ||
+                (f.strategies == "qk" && family == "qknorm");
     std::stringstream in(f.strategies);
     for (std::string name; std::getline(in, name, ',');) want |= name == s.name;
     if (want) chosen.push_back(&s);
   }
   if (rank == 0 && f.header) {
-    std::printf(
-        "# tpnorm bench --strategies: LayerNorm x %lldx%lld fp32, hidden sharded over "
-        "the ranks; %d iterations after %d warm-up; one step = forward + backward\n",
-        (long long)f.cfg.rows, (long long)f.cfg.hidden, f.iters, f.warmup);
+    if (std::string(chosen.front()->family) == "qknorm")
+      std::printf(
+          "# tpnorm bench --strategies: an attention's QK-norm, RMSNorm of q %lldx%lld and of "
+          "k %lldx%lld fp32 (tokens x all heads' columns), heads sharded over the ranks; %d "
+          "iterations after %d warm-up; one step = forward + backward\n",
+          (long long)f.cfg.rows, (long long)f.cfg.hidden, (long long)f.cfg.rows,
+          (long long)(f.cfg.kv_hidden > 0 ? f.cfg.kv_hidden : f.cfg.hidden), f.iters, f.warmup);
+    else
+      std::printf(
+          "# tpnorm bench --strategies: LayerNorm x %lldx%lld fp32, hidden sharded over "
+          "the ranks; %d iterations after %d warm-up; one step = forward + backward\n",
+          (long long)f.cfg.rows, (long long)f.cfg.hidden, f.iters, f.warmup);
     std::printf(
         "# fwdC/bwdC collectives per pass and fwd_B/bwd_B bytes this rank puts in them "
         "(counted; all-gather: its own block), checked against each strategy's plan; "

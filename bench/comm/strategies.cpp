@@ -20,23 +20,6 @@ float* data(Buffer& b) {
   return static_cast<float*>(b.view(tpnorm::Shape{static_cast<int64_t>(b.size())}).data);
 }
 
-// All-gather of `bytes_by_rank[p]` bytes from every rank p into `out` (rank order), on the
-// ranks of the benchmark's communicator; timed and counted by it when it is the benchmark's.
-void all_gather(Communicator& comm, const void* mine, void* out,
-                const std::vector<int>& bytes_by_rank) {
-  std::vector<int> displs(bytes_by_rank.size(), 0);
-  for (size_t p = 1; p < displs.size(); ++p) displs[p] = displs[p - 1] + bytes_by_rank[p - 1];
-  const int my_bytes = bytes_by_rank[comm.rank()];
-  auto run = [&] {
-    MPI_Allgatherv(mine, my_bytes, MPI_BYTE, out, bytes_by_rank.data(), displs.data(), MPI_BYTE,
-                   MPI_COMM_WORLD);
-  };
-  if (auto* t = dynamic_cast<TimedCommunicator*>(&comm))
-    t->external(static_cast<uint64_t>(my_bytes), run);
-  else
-    run();
-}
-
 // sum of v - c (squared: of (v - c)^2) over n floats, in double.
 double sum(const float* v, int64_t n, double c, bool squared) {
   double s = 0;
@@ -274,8 +257,24 @@ std::vector<Collective> plan_gather_stats(const BenchConfig& c, int P, int, bool
 
 }  // namespace
 
+void all_gather(Communicator& comm, const void* mine, void* out,
+                const std::vector<int>& bytes_by_rank) {
+  std::vector<int> displs(bytes_by_rank.size(), 0);
+  for (size_t p = 1; p < displs.size(); ++p) displs[p] = displs[p - 1] + bytes_by_rank[p - 1];
+  const int my_bytes = bytes_by_rank[comm.rank()];
+  auto run = [&] {
+    MPI_Allgatherv(mine, my_bytes, MPI_BYTE, out, bytes_by_rank.data(), displs.data(), MPI_BYTE,
+                   MPI_COMM_WORLD);
+  };
+  if (auto* t = dynamic_cast<TimedCommunicator*>(&comm))
+    t->external(static_cast<uint64_t>(my_bytes), run);
+  else
+    run();
+}
+
 const std::vector<BenchStrategy>& bench_strategies() {
-  static const std::vector<BenchStrategy> s = {
+  static const std::vector<BenchStrategy> s = [] {
+    std::vector<BenchStrategy> all = {
       {"tpnorm", "tpnorm: 1 all-reduce / pass", make_tpnorm, plan_tpnorm},
       {"two_pass", "2 all-reduces / pass (Colossal-AI 2D, MindSpeed)", make<TwoPassCase>,
        plan_two_pass},
@@ -283,7 +282,10 @@ const std::vector<BenchStrategy>& bench_strategies() {
        plan_gather_row},
       {"gather_stats", "all-gather (n, mean, M2) + Chan merge (SyncBN)", make<GatherStatsCase>,
        plan_gather_stats},
-  };
+    };
+    for (BenchStrategy& q : qk_strategies()) all.push_back(q);
+    return all;
+  }();
   return s;
 }
 

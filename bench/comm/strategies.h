@@ -9,6 +9,7 @@
 //   gather_stats  all-gather each rank's (count, mean, M2) per row and merge them with Chan's
 //                 formula; backward one all-reduce of (sum g*dy, sum g*dy*xhat) (PyTorch / apex
 //                 SyncBatchNorm's scheme, applied to rows)
+// qk_strategies.cpp adds an attention's QK-norm (two RMSNorms per layer) done three ways.
 // Each is a BenchCase of row_norm_case.h (same seeded data, same float64 check); the others
 // than tpnorm compute in float64 accumulators with fp32 storage and make their all-reduces on
 // the benchmark's communicator and their all-gathers with MPI_Allgatherv on MPI_COMM_WORLD (the
@@ -37,10 +38,21 @@ struct BenchStrategy {
   /// The collectives of one pass (forward or backward) on rank `rank` of P; rank < 0: a rank
   /// holding the mean share (for projections).
   std::vector<Collective> (*plan)(const BenchConfig& cfg, int P, int rank, bool forward);
+  /// The comparison it belongs to: "layernorm" (--strategies all) or "qknorm" (--strategies
+  /// qk, qk_strategies.cpp); one run compares strategies of one family.
+  const char* family = "layernorm";
 };
 
-/// Every strategy, in report order.
+/// Every strategy, in report order: the LayerNorm ones, then qk_strategies().
 const std::vector<BenchStrategy>& bench_strategies();
+/// The QK-norm strategies (qk_strategies.cpp).
+std::vector<BenchStrategy> qk_strategies();
+
+/// All-gather of `bytes_by_rank[p]` bytes from every rank p into `out` (rank order) with
+/// MPI_Allgatherv on MPI_COMM_WORLD (the ranks of the benchmark's communicator; tpnorm's
+/// Communicator has no all-gather); timed and counted by `comm` when it is a TimedCommunicator.
+void all_gather(tpnorm::Communicator& comm, const void* mine, void* out,
+                const std::vector<int>& bytes_by_rank);
 
 /// Bytes this rank sends on the wire for `plan` under ring algorithms: all-reduce 2(P-1)/P B,
 /// all-gather (P-1)/P of the gathered total.

@@ -119,6 +119,9 @@ class Communicator {
   /// Default: the environment variable TPNORM_TIMEOUT (seconds), else 300.
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
+  /// The watchdog's default timeout: TPNORM_TIMEOUT, else 300 (also the bound of the
+  /// factories' waits for their peers, e.g. ncclCommInitRank).
+  static double default_timeout();
   /// The public call in progress (a string literal), named by the watchdog; set by the ops.
   void set_current_op(const char* op) { current_op_ = op; }
 
@@ -202,7 +205,6 @@ class Communicator {
   uint64_t quick_waits_ = 0;
   static int64_t default_strict_calls();
   static bool strict_calls_from_env();
-  static double default_timeout();
 };
 
 /// A communicator of one rank: all_reduce_sum is the identity (and still counted).

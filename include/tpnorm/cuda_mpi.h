@@ -24,8 +24,10 @@ namespace tpnorm {
 /// stream of another device is an error) or be nullptr for the default stream. Makes
 /// `device` current. Every local failure (no such device, a stream on another device, no NCCL
 /// id, a failed ncclCommInitRank) is agreed on by MPI before the next step waits for peers, so
-/// it throws the same tpnorm::Error on every rank instead of leaving the others waiting. The
-/// strict pre-check goes over MPI. NCCL refuses two ranks on one GPU: use
+/// it throws the same tpnorm::Error on every rank instead of leaving the others waiting; the
+/// wait inside ncclCommInitRank is bounded by Communicator::default_timeout() (TPNORM_TIMEOUT).
+/// The communicator is non-blocking (ncclConfig_t::blocking = 0). The strict pre-check goes
+/// over MPI. NCCL refuses two ranks on one GPU: use
 /// make_mpi_staged_cuda_communicator then.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t stream,
                                                      int device);

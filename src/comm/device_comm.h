@@ -47,6 +47,10 @@ class DeviceCommunicator : public Communicator {
   virtual void poison(void* base, size_t bytes, bool int64) = 0;
   /// True while stream() is being captured into a CUDA graph.
   virtual bool capturing() const = 0;
+  /// Whether control_all_reduce_sum works while stream() is being captured (a host transport
+  /// does; one that goes through the stream cannot): captured calls are then checked on the
+  /// host, so that a failure on one rank is every rank's error (run_op).
+  virtual bool control_while_capturing() const { return true; }
   /// The CUDA device ordinal of this communicator's buffers and stream.
   virtual int device_index() const = 0;
   /// Ends the job with `message`, the watchdog's way (ncclCommAbort or MPI_Abort, exit status

@@ -214,13 +214,14 @@ void PackedCall::force_strict() {
 void PackedCall::check_header_first() {
   if (header_checked_ || !strict_) return;
   if (dev_) {
-    if (!dev_base_) prepare(0, 0);
     std::vector<double> head(header_values_);
     write_header(head.data(), DType::F64);
     std::vector<double> sum = head;
     control_sum(sum.data(), sum.size());
     header_checked_ = true;
     check_header(sum.data(), DType::F64);  // throws on every rank together
+    // Device memory only once every rank has accepted the call (see reduce_device).
+    if (!dev_base_) prepare(0, 0);
     enqueue_device_header(head.data());
     return;
   }
@@ -290,7 +291,6 @@ void PackedCall::finish_reduce() {
 // flag and a zero payload, then throws its own message; the other ranks' apply kernels see the
 // flag on device (see tpnorm/cuda.h).
 void PackedCall::reduce_device() {
-  if (!dev_base_) prepare(0, 0);
   std::vector<double> head(header_values_);
   write_header(head.data(), DType::F64);
   if (strict_) {
@@ -298,6 +298,10 @@ void PackedCall::reduce_device() {
     control_sum(sum.data(), sum.size());
     check_header(sum.data(), DType::F64);  // throws on every rank together
   }
+  // Device memory is asked for only after the host check: a rank whose workspace could not be
+  // had (its failure is in the header) must join that check, not throw alone from a second
+  // allocation that fails too. Past the strict calls such a rank has already ended the job.
+  if (!dev_base_) prepare(0, 0);
   // The partial kernel wrote the same header already (take_device_header), unless this rank
   // failed since: then the header kernel writes the failure and a zero payload.
   if (!header_by_partial_ || failed_) enqueue_device_header(head.data());

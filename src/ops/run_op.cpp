@@ -32,13 +32,14 @@ namespace {
 
 // PackedCall::prepare on the device workspace. A pool that may not grow while the stream is
 // being captured (kInvalidArgument, comm/cuda/workspace.h) is a misuse found before anything
-// of the call is enqueued or captured: it is thrown, on every communicator. Nothing of the
-// call reached a peer: a peer that went on has a call sequence number this rank lacks, so the
-// next call disagrees on every rank. An allocation that fails is this rank's failure: in a
-// strict call the host pre-check makes every rank throw together; after the strict calls the
-// rank cannot join a collective of the others' length, so it ends the job
-// (DeviceCommunicator::abort_job) instead of stranding them; a single-process communicator has
-// no peer to strand and throws.
+// of the call is enqueued or captured. Whether it must grow depends on this rank's own sizes
+// (a backward's scratch follows the local h), so with uneven shards it can happen on one rank
+// only: captured calls are strict (StartedOp::start), and the growth is this rank's failure,
+// which the host check of the header makes every rank throw, before any rank captures the
+// collective. A single-process communicator has no peer and throws it. An allocation that
+// fails is this rank's failure too: in a strict call the host pre-check makes every rank throw
+// together; after the strict calls the rank cannot join a collective of the others' length,
+// so it ends the job (DeviceCommunicator::abort_job) instead of stranding them.
 void prepare_device(PackedCall& call, Communicator& comm, DeviceCommunicator& dev,
                     const PayloadSize& size) {
   // A rank that cannot take part fails the call and, outside the strict window (where the
@@ -54,7 +55,10 @@ void prepare_device(PackedCall& call, Communicator& comm, DeviceCommunicator& de
   try {
     call.prepare(size.values, size.local_count, call.failed() ? 0 : size.device_scratch);
   } catch (const Error& e) {
-    if (e.code() == ErrorCode::kInvalidArgument || comm.size() == 1) throw;
+    if (comm.size() == 1) throw;
+    if (e.code() == ErrorCode::kInvalidArgument && call.strict())
+      return call.fail(e.what(), ErrorCode::kInvalidArgument);
+    if (e.code() == ErrorCode::kInvalidArgument) throw;  // not captured: every rank's misuse
     cannot_join(e.what());
   } catch (const std::exception& e) {
     if (comm.size() == 1) throw;
@@ -156,6 +160,16 @@ void StartedOp::start() {
       v.fail("comm", "is a device communicator; this op has CPU kernels only so far");
   }
   on_device_ = dev_ && op_.has_device_kernels();
+  // A captured call on a communicator with a started call's sums still in flight would order
+  // the graph after work enqueued outside it (the side stream's events, comm/cuda): refused
+  // before anything is captured. Started calls and captures follow the same order on every
+  // rank, so every rank refuses it.
+  if (on_device_ && op_.collective() && dev_->capturing() && comm_.in_flight() > 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("tpnorm: ") + op_.name() +
+                    ": cannot be captured in a CUDA graph while a started call's sums are in "
+                    "flight on this communicator (" +
+                    std::to_string(comm_.in_flight()) + "); finish() it before the capture");
   // Stats::kExact: device kernels where the spec's hooks declare them (every op with device
   // hooks but the gated RMSNorm), and int64 limbs with headroom for kMaxRanks.
   if (op_.stats() == Stats::kExact && on_device_ && !op_.has_device_exact())
@@ -195,6 +209,14 @@ void StartedOp::start() {
                       "to capture it, or run it outside the graph");
     call_.force_strict();
   }
+  // Captured calls are strict where the control sum works during a capture (its host check
+  // runs once, at capture; replays have none), so that a rank whose workspace would have to
+  // grow during the capture fails the call on every rank (prepare_device) instead of throwing
+  // alone while its peers capture the collective. A borrowed NCCL communicator's control sum
+  // goes through the stream: there the growth is still thrown by the rank alone.
+  if (on_device_ && op_.collective() && comm_.size() > 1 && dev_->capturing() &&
+      dev_->control_while_capturing())
+    call_.force_strict();
   const PayloadSize size = op_.payload();
   if (on_device_ && op_.collective()) {
     prepare_device(call_, comm_, *dev_, size);

@@ -12,6 +12,7 @@
 #include "communicators.h"
 #include "tensor_args.h"
 #include "tpnorm/batch_norm.h"
+#include "tpnorm/batched.h"
 #include "tpnorm/error.h"
 #include "tpnorm/fused.h"
 #include "tpnorm/group_norm.h"
@@ -171,6 +172,48 @@ void bind_row_norms(py::module_& m) {
     auto DY = a.add(dy, "dy"), X = a.add(x, "x"), G = a.add(gamma, "gamma");
     auto R = a.add(rstd, "rstd"), DX = a.add(dx, "dx"), DG = a.add(dgamma, "dgamma");
     a.run([&] { rms_norm_backward(c, DY, X, G, R, DX, DG, o); });
+  });
+}
+
+// Several row norms in one collective (tpnorm/batched.h). An item is a tuple
+// (centered, x, gamma, beta, y, mean, rstd) forward, (centered, dy, x, gamma, mean, rstd, dx,
+// dgamma, dbeta) backward; None for an absent tensor, as in the single calls.
+void bind_batched(py::module_& m) {
+  m.def("batched_norm_forward", [](Communicator& c, py::list items, const NormOptions& o) {
+    TensorArgs a;
+    std::vector<RowNormItem> v;
+    for (py::handle h : items) {
+      auto t = h.cast<py::tuple>();
+      RowNormItem it;
+      it.centered = t[0].cast<bool>();
+      it.x = a.add(t[1], "x");
+      it.gamma = a.add(t[2], "gamma");
+      it.beta = a.add(t[3], "beta");
+      it.y = a.add(t[4], "y");
+      it.mean = a.add(t[5], "mean");
+      it.rstd = a.add(t[6], "rstd");
+      v.push_back(it);
+    }
+    a.run([&] { batched_norm_forward(c, v.data(), v.size(), o); });
+  });
+  m.def("batched_norm_backward", [](Communicator& c, py::list items, const NormOptions& o) {
+    TensorArgs a;
+    std::vector<RowNormGradItem> v;
+    for (py::handle h : items) {
+      auto t = h.cast<py::tuple>();
+      RowNormGradItem it;
+      it.centered = t[0].cast<bool>();
+      it.dy = a.add(t[1], "dy");
+      it.x = a.add(t[2], "x");
+      it.gamma = a.add(t[3], "gamma");
+      it.mean = a.add(t[4], "mean");
+      it.rstd = a.add(t[5], "rstd");
+      it.dx = a.add(t[6], "dx");
+      it.dgamma = a.add(t[7], "dgamma");
+      it.dbeta = a.add(t[8], "dbeta");
+      v.push_back(it);
+    }
+    a.run([&] { batched_norm_backward(c, v.data(), v.size(), o); });
   });
 }
 
@@ -353,6 +396,7 @@ PYBIND11_MODULE(_tpnorm, m) {
   tpnorm::python::bind_options(m);
   tpnorm::python::bind_row_norms(m);
   tpnorm::python::bind_fused(m);
+  tpnorm::python::bind_batched(m);
   tpnorm::python::bind_channel_norms(m);
   tpnorm::python::bind_benchmark(m);
   tpnorm::python::bind_eager_api(m);

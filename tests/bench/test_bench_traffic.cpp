@@ -148,6 +148,7 @@ TEST(BenchTraffic, StrategiesMakeThePlannedCollectivesAndMatchTheReference) {
     BenchConfig cfg;
     cfg.rows = 13;
     cfg.hidden = hidden;
+    cfg.kv_hidden = hidden == 2 ? 1 : 3 * int64_t{P} + 2;  // the QK-norm strategies' k
     const int64_t mine = tpnorm_test::split_even(hidden, P).count[me];
     for (const BenchStrategy& s : bench_strategies()) {
       SCOPED_TRACE(std::string(s.name) + " hidden " + std::to_string(hidden));
@@ -176,6 +177,13 @@ TEST(BenchTraffic, StrategiesMakeThePlannedCollectivesAndMatchTheReference) {
       }
       if (n == "gather_stats") {
         EXPECT_EQ(timed.counters().bytes_sent, 2 * R * 8);
+      }
+      if (n == "qk_tpnorm") {  // one call for both: one header, a count and a float64 per row each
+        EXPECT_EQ(timed.counters().bytes_sent, (2 * R + 2 + header_values(true)) * 8);
+      }
+      if (n == "qk_gather") {
+        const int64_t kmine = tpnorm_test::split_even(cfg.kv_hidden, P).count[me];
+        EXPECT_EQ(timed.external_counters().bytes_sent, R * (mine + kmine) * 4);
       }
       EXPECT_EQ(tpnorm_test::sum_over_ranks(c->count_wrong()), 0);
     }

@@ -120,6 +120,10 @@ TEST(CostModel, StrategyPlansAndWireBytes) {
   EXPECT_EQ(bytes("gather_row", true, 0), 512 * 256 * 4);
   EXPECT_EQ(bytes("gather_stats", true, 0), 3 * 512 * 8);
   EXPECT_EQ(bytes("gather_stats", false, 0), 2 * 512 * 8);
+  c.kv_hidden = 256;  // QK-norm: q 1024 and k 256 columns per token
+  EXPECT_EQ(bytes("qk_tpnorm", true, 0), (2 * 512 + 2 + 10) * 8);
+  EXPECT_EQ(bytes("qk_two", false, 0), 2 * (512 + 10) * 8);
+  EXPECT_EQ(bytes("qk_gather", true, 0), 512 * (256 + 64) * 4);
   // Wire bytes: all-reduce 2(P-1)/P B, all-gather (P-1)/P of the gathered total.
   EXPECT_EQ(wire_bytes({{false, 8192, 8192}}, 4), 12288);
   EXPECT_EQ(wire_bytes({{true, 1000, 4000}}, 4), 3000);

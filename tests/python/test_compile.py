@@ -77,12 +77,17 @@ def _forward_samples(h):
                                                        "robust")),
         "sync_batch_norm_channels_last": (lib.sync_batch_norm, (img_last, g, gb, None, None, h,
                                                                 True, 0.1, 1e-5, "robust")),
+        # a LayerNorm with weight and bias and an RMSNorm without weight, one collective
+        "batched_row_norm": (lib.batched_row_norm, ([x, f], [w, b], [True, False],
+                                                    [True, False], [True, False], h, 1e-5,
+                                                    "robust")),
     }
 
 
 FORWARD = ["layer_norm", "layer_norm_no_affine", "rms_norm", "fused_add_layer_norm",
            "fused_add_rms_norm", "group_norm", "instance_norm_sharded",
-           "sync_batch_norm_train", "sync_batch_norm_eval", "sync_batch_norm_channels_last"]
+           "sync_batch_norm_train", "sync_batch_norm_eval", "sync_batch_norm_channels_last",
+           "batched_row_norm"]
 
 
 def _opcheck(op, args):
@@ -129,6 +134,13 @@ def _backward_samples(h):
         out["sync_batch_norm_backward"] = (lib.sync_batch_norm_backward,
                                            (torch.randn_like(img), img, bargs[1].detach(),
                                             bargs[2].detach(), sm, si) + tuple(bargs[5:]))
+        kargs = s["batched_row_norm"][1]
+        kx = [t.detach() for t in kargs[0]]
+        ko = lib.batched_row_norm(*kargs)
+        out["batched_row_norm_backward"] = (lib.batched_row_norm_backward,
+                                            ([torch.randn_like(t) for t in kx], kx,
+                                             [t.detach() for t in kargs[1]], list(ko[1::3]),
+                                             list(ko[2::3])) + tuple(kargs[2:]))
     return out
 
 

@@ -440,7 +440,7 @@ class NcclCommunicator final : public CudaCommBase {
       }
       cudaSetDevice(prev);
     }
-    if (own_) ncclCommDestroy(comm_);
+    if (own_) destroy_owned();
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -448,6 +448,7 @@ class NcclCommunicator final : public CudaCommBase {
   /// Collective over `control` (MPI_Comm_dup): the strict pre-check and diagnoses go over it.
   void attach_control(MPI_Comm control) { mpi_ = std::make_unique<MpiDup>(control); }
 
+  bool control_while_capturing() const override { return mpi_ != nullptr; }
   // MPI when the communicator came from an MPI_Comm; else NCCL plus a polled wait on the
   // stream (strict calls and diagnoses only, never in the steady state).
   void control_all_reduce_sum(double* buf, size_t n) override {
@@ -605,6 +606,17 @@ class NcclCommunicator final : public CudaCommBase {
     return events_[t];
   }
 
+  // tpnorm's own communicators are non-blocking (make_nccl_communicator): finalize, wait for
+  // it within the watchdog's timeout, then destroy; a finalize that does not settle (a peer
+  // gone) is aborted instead of hanging the destructor.
+  void destroy_owned() {
+    const ncclResult_t r = settle(comm_, ncclCommFinalize(comm_), timeout());
+    if (r == ncclSuccess)
+      ncclCommDestroy(comm_);
+    else
+      ncclCommAbort(comm_);
+  }
+
   // The watchdog's end of the job, from either thread: message, abort NCCL (so that no kernel
   // of this rank keeps waiting), exit. mpirun then ends the other ranks.
   [[noreturn]] void end_job(const std::string& message) {
@@ -713,9 +725,23 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, cudaStream_t
   if (!msg.ok)
     throw Error(ErrorCode::kCommunication,
                 "tpnorm: make_nccl_communicator: ncclGetUniqueId failed on rank 0");
-  // 3. ncclCommInitRank (it waits for the peers; every rank reached it), agreed.
+  // 3. ncclCommInitRank (it waits for the peers; every rank reached it), agreed. Non-blocking
+  // and polled against the watchdog's timeout (TPNORM_TIMEOUT): a peer that fails or stops
+  // inside NCCL's bootstrap would otherwise leave this rank there forever; an overdue init is
+  // aborted and becomes this rank's error, which every rank then throws.
   ncclComm_t nc = nullptr;
-  std::string err = error_of([&] { TPNORM_CHECK(NCCL, ncclCommInitRank(&nc, size, msg.id, rank)); });
+  std::string err = error_of([&] {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const double limit = Communicator::default_timeout();
+    const ncclResult_t r =
+        settle(nc, ncclCommInitRankConfig(&nc, size, msg.id, rank, &config), limit);
+    if (r == ncclInProgress)
+      throw Error(ErrorCode::kCommunication,
+                  "ncclCommInitRank did not finish within " + std::to_string(limit) +
+                      " s (TPNORM_TIMEOUT): a rank did not reach it or failed inside it");
+    TPNORM_CHECK(NCCL, r);
+  });
   if (!err.empty() && nc) ncclCommAbort(nc), nc = nullptr;
   try {
     agree_or_throw(comm, err, "make_nccl_communicator", "ncclCommInitRank");

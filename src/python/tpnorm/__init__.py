@@ -17,7 +17,8 @@ from .dtensor import (fused_add_layer_norm, fused_add_rms_norm, layer_norm, rms_
 from .modules import (FusedAddLayerNorm, FusedAddRMSNorm, ShardedGroupNorm,
                       ShardedInstanceNorm, ShardedLayerNorm, ShardedRMSNorm, ShardedRMSNormGated,
                       SyncBatchNorm, SyncBatchNormAct)
-from . import parallel  # HiddenShardedNorm, a ParallelStyle (torch >= 2.5)
+from .batched import batched_row_norm
+from . import parallel  # HiddenShardedNorm and QKNormPair, ParallelStyles (torch >= 2.5)
 from . import library  # torch.library registration where torch >= 2.4 (else a no-op)
 
 Error = _C.Error

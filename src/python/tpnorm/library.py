@@ -14,16 +14,18 @@ forward ones, registered autograd whose backward is the matching ``*_backward`` 
       momentum, eps, stats) -> (y, save_mean, save_invstd, new running_mean, new running_var)
   tpnorm::rms_norm_gated(x, z?, weight?, group_size, hidden, offset, norm_before_gate, handle,
       eps, stats) -> (y, rstd)
+  tpnorm::batched_row_norm(xs, params, has_weight, has_bias, centered, handle, eps, stats)
+      -> [y_0, mean_0, rstd_0, y_1, ...]   (K row norms in one collective)
 
-and row_norm_backward, fused_add_norm_backward, group_norm_backward, sync_batch_norm_backward,
-rms_norm_gated_backward.
+and row_norm_backward, batched_row_norm_backward, fused_add_norm_backward, group_norm_backward,
+sync_batch_norm_backward, rms_norm_gated_backward.
 An op's statistic it does not compute (RMSNorm's mean) and an absent parameter's gradient are
 empty tensors. A communicator crosses as an integer ``handle`` (comm_handle): custom ops take
 tensors and scalars only. The modules and functional forms of tpnorm call these ops while
 torch.compile traces them and the autograd Functions of tpnorm.functional in eager mode (the
 same C++ calls; the custom-op dispatch would only add per-call cost there).
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -94,6 +96,77 @@ if AVAILABLE:
             (None,) * 5
 
     row_norm.register_autograd(_row_backward, setup_context=_row_setup)
+
+    # --- several row norms in one collective (tpnorm.batched) -------------------------------
+    # The parameters travel as one list of the present ones (``params``: the weights of the
+    # items with has_weight, in item order, then the biases of those with has_bias), not as
+    # lists with None:
+    # torch.library's autograd gives gradients to a list argument only when it holds tensors
+    # alone, and q_norm without a bias next to a LayerNorm with one would not.
+    def _split_params(params, has_weight, has_bias):
+        it = iter(params)
+        ws = [next(it) if h else None for h in has_weight]
+        bs = [next(it) if h else None for h in has_bias]
+        return ws, bs
+
+    @torch.library.custom_op("tpnorm::batched_row_norm", mutates_args=())
+    def batched_row_norm(xs: List[Tensor], params: List[Tensor], has_weight: List[bool],
+                         has_bias: List[bool], centered: List[bool], handle: int, eps: float,
+                         stats: str) -> List[Tensor]:
+        from .batched import _forward
+
+        ws, bs = _split_params(params, has_weight, has_bias)
+        ys, means, rstds = _forward(_comms[handle], [x.contiguous() for x in xs], ws, bs,
+                                    centered, F.norm_options(eps, stats, 0))
+        return [t for y, m, r, x in zip(ys, means, rstds, xs)
+                for t in (y, _absent(x) if m is None else m, r)]
+
+    @batched_row_norm.register_fake
+    def _(xs, params, has_weight, has_bias, centered, handle, eps, stats):
+        out = []
+        for x, c in zip(xs, centered):
+            rows, sdt = F._rows(x), F._stats_dtype(x)
+            out += [torch.empty_like(x, memory_format=torch.contiguous_format),
+                    x.new_empty((rows,), dtype=sdt) if c else _absent(x),
+                    x.new_empty((rows,), dtype=sdt)]
+        return out
+
+    @torch.library.custom_op("tpnorm::batched_row_norm_backward", mutates_args=())
+    def batched_row_norm_backward(dys: List[Tensor], xs: List[Tensor], params: List[Tensor],
+                                  means: List[Tensor], rstds: List[Tensor],
+                                  has_weight: List[bool], has_bias: List[bool],
+                                  centered: List[bool], handle: int, eps: float,
+                                  stats: str) -> List[Tensor]:
+        """[dx_0, ..., dx_{K-1}] then the present parameters' gradients, in params' order."""
+        from .batched import _backward
+
+        ws, bs = _split_params(params, has_weight, has_bias)
+        dxs, dws, dbs = _backward(
+            _comms[handle], dys, [x.contiguous() for x in xs], ws,
+            [None if b is None else b.dtype for b in bs],
+            [m if c else None for m, c in zip(means, centered)], rstds, centered,
+            F.norm_options(eps, stats, 0))
+        return list(dxs) + [t for t in dws if t is not None] + [t for t in dbs if t is not None]
+
+    @batched_row_norm_backward.register_fake
+    def _(dys, xs, params, means, rstds, has_weight, has_bias, centered, handle, eps, stats):
+        return ([torch.empty_like(x, memory_format=torch.contiguous_format) for x in xs] +
+                [torch.empty_like(p) for p in params])
+
+    def _batched_setup(ctx, inputs, output):
+        xs, params = inputs[:2]
+        ctx.k, ctx.np, ctx.args = len(xs), len(params), inputs[2:]
+        ctx.save_for_backward(*xs, *params, *output[1::3], *output[2::3])
+
+    def _batched_backward(ctx, dys):
+        k, n, t = ctx.k, ctx.np, ctx.saved_tensors
+        xs, params = list(t[:k]), list(t[k:k + n])
+        means, rstds = list(t[k + n:2 * k + n]), list(t[2 * k + n:])
+        dy = [g if g is not None else torch.zeros_like(x) for g, x in zip(dys[0::3], xs)]
+        g = batched_row_norm_backward(dy, xs, params, means, rstds, *ctx.args)
+        return list(g[:k]), list(g[k:]), None, None, None, None, None, None
+
+    batched_row_norm.register_autograd(_batched_backward, setup_context=_batched_setup)
 
     # --- fused residual add + LayerNorm / RMSNorm -------------------------------------------
     @torch.library.custom_op("tpnorm::fused_add_norm", mutates_args=())

@@ -6,10 +6,14 @@
                                         "blocks.*.norm": tpnorm.parallel.HiddenShardedNorm(),
                                         "blocks.*.down": RowwiseParallel()})
 
-turns each matched nn.LayerNorm / nn.RMSNorm into a hidden-sharded one in place: weight and
-bias become DTensor parameters Shard(0) on the mesh (uneven as DTensor splits), the module's
+turns each matched norm into a hidden-sharded one in place: nn.LayerNorm, nn.RMSNorm, and a
+model library's own LayerNorm / RMSNorm classes (HF transformers' Olmo2RMSNorm, LlamaRMSNorm,
+...: any module with a 1-D weight and an eps / variance_epsilon computing either over the last
+dimension), keeping that class's numerics (tpnorm.norm_classes says how they are found). weight
+and bias become DTensor parameters Shard(0) on the mesh (uneven as DTensor splits), the module's
 forward runs tpnorm's op on the local shards (one all-reduce of statistics per forward and per
-backward, no all-gather of activations), and state_dict keys stay those of the nn module.
+backward, no all-gather of activations), and state_dict keys stay those of the module.
+QKNormPair does the same for an attention's q_norm and k_norm with ONE all-reduce for both.
 
 load_full_state_dict / full_state_dict do for tpnorm's own Sharded* row modules (plain-tensor
 parameters) what torch.distributed.checkpoint.state_dict does for DTensor parameters: an
@@ -17,9 +21,14 @@ unsharded checkpoint loads slice by slice, and gathers back bit for bit.
 """
 from functools import partial
 
+import torch
 from torch import nn
 
 from . import dtensor as D
+from . import functional as F
+from . import library as _lib
+from . import norm_classes
+from .comm import handle_of as comm_handle
 
 if D.AVAILABLE:
     from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
@@ -28,79 +37,131 @@ else:  # torch without DTensor: the style cannot be made (see HiddenShardedNorm)
     ParallelStyle = object
 
 
-def _forward_layer_norm(self, x):
-    return D.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+def _forward(self, x):
+    """A sharded norm's forward: tpnorm's op on the local shards (the torch.library op while
+    torch.compile traces), with the numerics the module's class has (norm_classes.Numerics)."""
+    y = _local_norm(self, x.to_local())
+    return DTensor.from_local(y, x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                              stride=x.stride())
 
 
-def _forward_rms_norm(self, x):
-    return D.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+def _local(p):
+    # DTensor.to_local is differentiable: the parameter's gradient comes back as a DTensor.
+    return None if p is None else p.to_local()
+
+
+class _ScaleShift(torch.autograd.Function):
+    """weight * y + bias, broadcast over y's rows, with the parameters' gradients summed over
+    the rows in float64, one column at a time: the same bits whatever the number of columns
+    (torch's own reduction of a [rows, columns] tensor is blocked by its width), so that the
+    stats="exact" promise, the same bits at any TP size, holds for these classes too."""
+
+    @staticmethod
+    def forward(ctx, y, weight, bias):
+        ctx.save_for_backward(y, weight)
+        ctx.has_bias = bias is not None
+        out = weight * y
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def backward(ctx, dout):
+        y, weight = ctx.saved_tensors
+
+        def column_sums(t, like):
+            return t.reshape(-1, t.shape[-1]).t().contiguous().double().sum(1).to(like.dtype)
+
+        dy = (dout * weight).to(y.dtype)
+        dw = column_sums(dout * y, weight)
+        return dy, dw, column_sums(dout, weight) if ctx.has_bias else None
+
+
+def _scale_shift(y, weight, bias):
+    if weight is None:
+        return y if bias is None else y + bias
+    return _ScaleShift.apply(y, weight, bias)
+
+
+def _local_norm(mod, x):
+    """``mod``'s norm of this rank's columns ``x`` (a plain tensor), one collective."""
+    n, hidden, eps, stats, comm, handle = mod._tpnorm
+    weight = _local(mod.weight)
+    bias = _local(mod.bias) if n.has_bias else None
+    if n.weight_after_cast:  # y = weight * norm(x).to(x.dtype) (+ bias), as the class does
+        y = F._row_norm(x, (hidden,), None, None, comm, eps, stats, n.centered, handle)
+        return _scale_shift(y, weight, bias)
+    return F._row_norm(x, (hidden,), weight, bias, comm, eps, stats, n.centered, handle)
 
 
 # The module stays an instance of its class (isinstance, state_dict keys and the optimizer
-# see an nn.LayerNorm); only its forward is tpnorm's: a subclass made once per nn class, assigned to
-# the instance's __class__, rather than a per-instance bound method that deepcopy and pickle
-# would have to carry.
+# see an nn.LayerNorm or the model's own norm class); only its forward is tpnorm's: a subclass
+# made once per class, assigned to the instance's __class__, rather than a per-instance bound
+# method that deepcopy and pickle would have to carry.
 _CLASSES = {}
 
 
 def _sharded_class(cls):
     out = _CLASSES.get(cls)
     if out is None:
-        if issubclass(cls, nn.LayerNorm):
-            fwd = _forward_layer_norm
-        elif hasattr(nn, "RMSNorm") and issubclass(cls, nn.RMSNorm):
-            fwd = _forward_rms_norm
-        else:
-            raise NotImplementedError(f"tpnorm.parallel.HiddenShardedNorm: {cls.__name__} is "
-                                      "neither nn.LayerNorm nor nn.RMSNorm")
-        out = _CLASSES[cls] = type(f"HiddenSharded{cls.__name__}", (cls,), {"forward": fwd})
+        out = _CLASSES[cls] = type(f"HiddenSharded{cls.__name__}", (cls,), {"forward": _forward})
     return out
 
 
+def _shard_norm(module, mesh, stats, src_data_rank):
+    """Turns ``module`` (a supported norm, see norm_classes) into a hidden-sharded one on the
+    1-D ``mesh``, in place."""
+    n = norm_classes.numerics(module)  # refuses other modules first, on every rank alike
+    if mesh.ndim != 1:
+        raise ValueError("tpnorm.parallel: the style takes a 1-D mesh (pass the TP dimension "
+                         "of a larger one, e.g. mesh['tp'])")
+    hidden = norm_classes.hidden_size(module)
+    eps = norm_classes.eps_of(module)  # None: nn.RMSNorm's default, the compute type's
+    comm = D._comm_of(mesh.get_group(0))
+    module.__class__ = _sharded_class(type(module))
+    module._tpnorm = (n, hidden, eps, stats, comm, comm_handle(comm) if _lib.AVAILABLE else None)
+    for pname, param in list(module.named_parameters(recurse=False)):
+        module.register_parameter(pname, nn.Parameter(
+            distribute_tensor(param, mesh, [Shard(0)], src_data_rank=src_data_rank),
+            requires_grad=param.requires_grad))
+
+
 class HiddenShardedNorm(ParallelStyle):
-    """Shard an nn.LayerNorm / nn.RMSNorm over its hidden (last) dimension on a 1-D mesh.
+    """Shard a LayerNorm / RMSNorm (torch's or a model library's, see the module doc) over its
+    hidden (last) dimension on a 1-D mesh.
 
     Keyword Args:
         input_layouts (Placement): the layout of a plain-tensor input, annotated as a DTensor
             on the mesh: default Shard(-1), this rank's columns (what ColwiseParallel gives).
-            The global shape comes from the module's normalized_shape, so uneven shards
+            The global shape comes from the module's hidden size, so uneven shards
             annotate right. A DTensor input with another layout is redistributed to Shard(-1)
             (from Replicate: a local slice, no communication).
         output_layouts (Placement): the output's layout: default Shard(-1) (no communication);
             another is reached with DTensor.redistribute.
         use_local_output (bool): return the local tensor instead of the DTensor. Default
             False, as torch's SequenceParallel: RowwiseParallel then takes the DTensor as is,
-            while a local tensor would be annotated assuming even shards.
+            while a local tensor would be annotated assuming even shards. True where the
+            model's own code works on the local columns next (an attention's heads).
+        stats (str): "robust" (default), "naive" or "exact": the statistics mode of
+            tpnorm.rms_norm; "exact" gives the same bits at any number of ranks.
     """
 
-    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=False):
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=False,
+                 stats="robust"):
         if not D.AVAILABLE:
             raise RuntimeError("tpnorm.parallel needs torch.distributed.tensor (torch >= 2.5)")
         super().__init__()
         self.input_layouts = (input_layouts or Shard(-1),)
         self.output_layouts = (output_layouts or Shard(-1),)
         self.use_local_output = use_local_output
+        self.stats = stats
 
     def _partition_fn(self, name, module, mesh):
-        cls = _sharded_class(type(module))  # refuses other modules first
-        if mesh.ndim != 1:
-            raise ValueError("tpnorm.parallel.HiddenShardedNorm takes a 1-D mesh (pass the TP "
-                             "dimension of a larger one, e.g. mesh['tp'])")
-        shape = tuple(module.normalized_shape)
-        if len(shape) != 1:
-            raise ValueError(f"tpnorm.parallel.HiddenShardedNorm: normalized_shape {shape} "
-                             "has more than one dimension")
-        module.__class__ = cls
-        for pname, param in list(module.named_parameters(recurse=False)):
-            module.register_parameter(pname, nn.Parameter(
-                distribute_tensor(param, mesh, [Shard(0)], src_data_rank=self.src_data_rank),
-                requires_grad=param.requires_grad))
+        _shard_norm(module, mesh, self.stats, self.src_data_rank)
 
     @staticmethod
     def _prepare_input_fn(input_layouts, mod, inputs, mesh):
         x = inputs[0]
         if not isinstance(x, DTensor):
-            hidden = mod.normalized_shape[-1]
+            hidden = mod._tpnorm[1]
             layout = input_layouts[0]
             sharded = isinstance(layout, Shard) and layout.dim % x.dim() == x.dim() - 1
             shape = (*x.shape[:-1], hidden) if sharded else x.shape
@@ -132,6 +193,119 @@ class HiddenShardedNorm(ParallelStyle):
         return (f"{type(self).__name__}(input_layouts={self.input_layouts}, "
                 f"output_layouts={self.output_layouts}, "
                 f"use_local_output={self.use_local_output})")
+
+
+class _Given:
+    """What the attention's own forward sees as ``self`` in a paired call: the attention, except
+    that its q/k projections return the tensors already computed and its q/k norms pass them
+    through (they were normalized together). Nothing of the module is changed, so a concurrent
+    or re-entrant call (activation checkpointing's recompute) sees the module as it is."""
+
+    def __init__(self, module, given):
+        self.__dict__["_module"], self.__dict__["_given"] = module, given
+
+    def __getattr__(self, name):
+        given = self.__dict__["_given"]
+        if name in given:
+            return given[name]
+        return getattr(self.__dict__["_module"], name)
+
+
+def _paired_forward(self, hidden_states, *args, **kwargs):
+    q_proj, k_proj, q_norm, k_norm = self._tpnorm_pair
+    q_mod, k_mod = getattr(self, q_norm), getattr(self, k_norm)
+    q, k = _pair(q_mod, k_mod, getattr(self, q_proj)(hidden_states),
+                 getattr(self, k_proj)(hidden_states))
+    given = {q_proj: lambda _h: q, k_proj: lambda _h: k, q_norm: _same, k_norm: _same}
+    return _PAIRED_BASE[type(self)].forward(_Given(self, given), hidden_states, *args, **kwargs)
+
+
+def _same(t):
+    return t
+
+
+def _pair(q_mod, k_mod, q, k):
+    """q_norm(q), k_norm(k) of two sharded norms (see _shard_norm) with one all-reduce, on this
+    rank's columns (plain tensors, as the attention's projections and heads use them)."""
+    from .batched import _batched
+
+    mods = (q_mod, k_mod)
+    after = [m._tpnorm[0].weight_after_cast for m in mods]
+    ws = [None if a else _local(m.weight) for a, m in zip(after, mods)]
+    bs = [_local(m.bias) if m._tpnorm[0].has_bias and not a else None
+          for a, m in zip(after, mods)]
+    _, _, eps, stats, comm, handle = q_mod._tpnorm
+    ys = _batched([q, k], ws, bs, [m._tpnorm[0].centered for m in mods], comm, handle, eps,
+                  stats)
+    out = []
+    for a, m, y in zip(after, mods, ys):
+        if a:
+            y = _scale_shift(y, _local(m.weight),
+                             _local(m.bias) if m._tpnorm[0].has_bias else None)
+        out.append(y)
+    return out
+
+
+_PAIRED_BASE = {}  # paired class -> the attention class it was made from
+_PAIRED = {}
+
+
+def _paired_class(cls):
+    out = _PAIRED.get(cls)
+    if out is None:
+        out = _PAIRED[cls] = type(f"QKNormPaired{cls.__name__}", (cls,),
+                                  {"forward": _paired_forward})
+        _PAIRED_BASE[out] = cls
+    return out
+
+
+class QKNormPair(ParallelStyle):
+    """An attention's q_norm and k_norm, hidden-sharded as HiddenShardedNorm shards each, with
+    ONE all-reduce for both per forward and per backward. For attentions that compute
+    ``q = q_norm(q_proj(h))`` and ``k = k_norm(k_proj(h))`` over all their heads (HF
+    transformers' OLMo 2, OLMo 3, OLMoE, FlexOlmo, MiniMax-M2): apply it to the attention module,
+    with torch's ColwiseParallel on the projections and RowwiseParallel on the output one:
+
+        plan = {"model.layers.*.self_attn": tpnorm.parallel.QKNormPair(),
+                "model.layers.*.self_attn.q_proj": ColwiseParallel(),
+                "model.layers.*.self_attn.k_proj": ColwiseParallel(),
+                "model.layers.*.self_attn.v_proj": ColwiseParallel(),
+                "model.layers.*.self_attn.o_proj": RowwiseParallel()}
+
+    The attention's class gets a forward that runs the two projections, normalizes both in one
+    call and then runs the class's own forward with those results in place of the projections'
+    and the norms' (the module is not changed meanwhile); parameters and state_dict keys stay.
+
+    Keyword Args:
+        q_proj, k_proj, q_norm, k_norm (str): the submodules' names (HF's by default).
+        stats (str): as HiddenShardedNorm's.
+    """
+
+    def __init__(self, *, q_proj="q_proj", k_proj="k_proj", q_norm="q_norm", k_norm="k_norm",
+                 stats="robust"):
+        if not D.AVAILABLE:
+            raise RuntimeError("tpnorm.parallel needs torch.distributed.tensor (torch >= 2.5)")
+        super().__init__()
+        self.names = (q_proj, k_proj, q_norm, k_norm)
+        self.stats = stats
+
+    def _apply(self, module, device_mesh):
+        for name in self.names:
+            if not isinstance(getattr(module, name, None), nn.Module):
+                raise ValueError(f"tpnorm.parallel.QKNormPair: {type(module).__name__} has no "
+                                 f"submodule {name!r}")
+        q_mod, k_mod = getattr(module, self.names[2]), getattr(module, self.names[3])
+        for mod in (q_mod, k_mod):
+            _shard_norm(mod, device_mesh, self.stats, self.src_data_rank)
+        if q_mod._tpnorm[2:4] != k_mod._tpnorm[2:4]:
+            raise ValueError("tpnorm.parallel.QKNormPair: q_norm and k_norm have different eps "
+                             f"({q_mod._tpnorm[2]} and {k_mod._tpnorm[2]})")
+        module.__class__ = _paired_class(type(module))
+        module._tpnorm_pair = self.names
+        return module
+
+    def __repr__(self):
+        return f"{type(self).__name__}(names={self.names}, stats={self.stats!r})"
 
 
 # --- full state dicts ------------------------------------------------------------------------

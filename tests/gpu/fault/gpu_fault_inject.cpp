@@ -13,12 +13,18 @@
 //                 channel): the stream is blocked before strict call 5, whose host-side check
 //                 waits for the control all-reduce; that wait must be bounded by the watchdog
 //                 (exit 124, its message), not by the stream.
+//   init-fail     (2 ranks, NCCL made from MPI_COMM_WORLD): rank 1's NCCL finds no network
+//                 interface for its bootstrap (NCCL_SOCKET_IFNAME names none), so it fails
+//                 inside ncclCommInitRank while rank 0 waits there for it. Rank 0's wait must
+//                 be bounded by TPNORM_TIMEOUT: both ranks throw the factory's one agreed error
+//                 naming ncclCommInitRank. Exit 0.
 // Prints "tpnorm-gpu: no CUDA device" (the tests' skip marker) and exits 0 without a GPU.
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -58,6 +64,30 @@ int main(int argc, char** argv) {
   ncclComm_t borrowed = nullptr;
 #endif
   const bool borrowed_mode = mode == "stall-borrowed";
+  if (mode == "init-fail") {
+#ifdef TPNORM_WITH_NCCL
+    if (me == 1) setenv("NCCL_SOCKET_IFNAME", "tpnorm-no-such-interface", 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    bool threw = false;
+    try {
+      comm = make_nccl_communicator(MPI_COMM_WORLD, s);
+    } catch (const Error& e) {
+      threw = std::strstr(e.what(), "ncclCommInitRank") != nullptr;
+      std::printf("gpu_fault_inject: rank %d: init: error: %s\n", me, e.what());
+    }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("gpu_fault_inject: rank %d finished: the factory %s after %.1f s\n", me,
+                threw ? "threw the agreed error" : "did not throw it", took);
+    comm.reset();
+    MPI_Finalize();
+    return threw ? 0 : 1;
+#else
+    if (me == 0) std::printf("PASS-SKIP: built without NCCL\n");
+    MPI_Finalize();
+    return 0;
+#endif
+  }
   if (mode == "stall-stream" || borrowed_mode) {
 #ifdef TPNORM_WITH_NCCL
     if (borrowed_mode) {

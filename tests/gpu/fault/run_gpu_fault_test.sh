@@ -6,7 +6,9 @@
 #   stall-rank    2 ranks: the job ends non-zero within the limit and rank 0 printed
 #                 "tpnorm watchdog: rank 0 of 2";
 #   stall-stream  1 rank: exit 124 and "tpnorm watchdog: rank 0 of 1" (NCCL watchdog thread);
-#   stall-borrowed 1 rank, borrowed NCCL communicator: the same, from the host-side check.
+#   stall-borrowed 1 rank, borrowed NCCL communicator: the same, from the host-side check;
+#   init-fail     2 ranks, rank 1 fails inside ncclCommInitRank: the job exits 0 and BOTH
+#                 ranks report the factory's error (rank 0 waited at most TPNORM_TIMEOUT=5).
 # Prints PASS: / FAIL: (ctest matches them), or the GPU tests' skip marker.
 set -uo pipefail
 MPIEXEC="$1"; PROG="$2"; MODE="$3"
@@ -14,6 +16,7 @@ LIMIT="${TPNORM_FAULT_LIMIT:-90}"  # gpu-check gives each mode its share of its 
 out="$(mktemp)"; trap 'rm -f "$out"' EXIT
 np=2; case "$MODE" in stall-stream|stall-borrowed) np=1 ;; esac
 export TPNORM_TIMEOUT=10 OMPI_MCA_orte_base_help_aggregate=0
+[ "$MODE" = init-fail ] && export TPNORM_TIMEOUT=5
 timeout -s KILL "$LIMIT" "$MPIEXEC" --oversubscribe -n "$np" "$PROG" "$MODE" > "$out" 2>&1
 rc=$?
 fail() { echo "FAIL: $MODE: $* (exit $rc)"; echo "--- job output ---"; cat "$out"; exit 1; }
@@ -25,6 +28,12 @@ case "$MODE" in
     [ "$rc" -eq 0 ] || fail "the job did not exit 0"
     for r in 0 1; do
       grep -q "rank $r: call 20: error" "$out" || fail "rank $r did not error at call 20"
+    done ;;
+  init-fail)
+    [ "$rc" -eq 0 ] || fail "the job did not exit 0"
+    for r in 0 1; do
+      grep -q "rank $r: init: error: .*ncclCommInitRank" "$out" ||
+        fail "rank $r did not throw the factory's error"
     done ;;
   stall-rank)
     [ "$rc" -ne 0 ] || fail "the job exited 0"

@@ -8,6 +8,8 @@
 //   strict calls) leaves df and dx bit-identical on every accepting rank;
 // - a SyncBatchNorm training forward advances num_batches_tracked (and the cumulative
 //   momentum) only when it is accepted, and capturing one is refused with tpnorm::Error;
+// - a Stats::kNaive SyncBatchNorm training call of 2^24 values per channel is refused on the
+//   host, the same error on every rank, before the counter, y or the running statistics move;
 // - a call whose workspace must grow while its stream is captured throws tpnorm::Error on a
 //   single-GPU communicator (the process goes on).
 // Skipped without a GPU.
@@ -17,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "batch_norm_reference.h"
@@ -274,6 +277,60 @@ TEST_P(GpuInFlight, BatchNormCounterAdvancesOnlyWhenAccepted) {
   cudaGetLastError();
   EXPECT_TRUE(refused);
   EXPECT_EQ(tracked, 5);
+}
+
+// Stats::kNaive's float32 wire counts exactly only below 2^24 values per channel: a training
+// call of 2^24 values over all ranks is refused on the host, with the host path's message and
+// the same error on every rank, before anything changes (counter, cumulative momentum, y,
+// running statistics); 2^24 - 1 values are accepted and counted.
+TEST_P(GpuInFlight, NaiveBatchNormOf2To24ValuesIsRefusedBeforeTheCounter) {
+  const int P = tpnorm_test::world_size(), me = tpnorm_test::world_rank();
+  auto run = [&](int64_t total, int64_t* tracked, std::string* error) {
+    const int64_t inner = tpnorm_test::split_even(total, P).count[me];  // one channel, n = 1
+    DBuf x(Buffer(DType::F32, std::vector<float>(inner, 1.f)));  // sums exact in float32
+    DBuf y(Buffer(DType::F32, std::vector<float>(inner, -7.f)));
+    DBuf rm(Buffer(DType::F32, std::vector<float>(1, 7.f)));
+    DBuf rv(Buffer(DType::F32, std::vector<float>(1, 3.f)));
+    BatchNormOptions opt;
+    opt.stats = Stats::kNaive;
+    opt.momentum = std::nan("");  // cumulative: the momentum comes from the counter
+    const Shape s{1, 1, inner}, c{1};
+    error->clear();
+    try {
+      sync_batch_norm_forward(*comm_, x.view(s), {}, {}, rm.view(c), rv.view(c), tracked,
+                              y.view(s), {}, {}, opt);
+      cudaStreamSynchronize(s_);
+      cuda_check_errors(*comm_);
+    } catch (const Error& e) {
+      *error = e.what();
+    }
+    const std::vector<float> yh = y.floats();
+    int64_t y_changed = 0;
+    for (float v : yh) y_changed += v != -7.f;
+    return std::make_tuple(y_changed, rm.floats()[0], rv.floats()[0]);
+  };
+  int64_t tracked = 4;
+  std::string error;
+  const auto [y_changed, rm, rv] = run(int64_t{1} << 24, &tracked, &error);
+  EXPECT_NE(error.find("fewer than 2^24 elements per channel"), std::string::npos)
+      << "rank " << me << ": " << (error.empty() ? "accepted" : error);
+  EXPECT_EQ(tracked, 4) << "a refused call advanced num_batches_tracked";
+  EXPECT_EQ(y_changed, 0) << "a refused call wrote y";
+  EXPECT_EQ(rm, 7.f) << "a refused call changed the running mean";
+  EXPECT_EQ(rv, 3.f) << "a refused call changed the running variance";
+  // The same message on every rank.
+  std::vector<char> mine(256, 0), first(256, 0);
+  std::strncpy(mine.data(), error.c_str(), mine.size() - 1);
+  first = mine;
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(std::string(mine.data()), std::string(first.data())) << "rank " << me;
+  // Just below the limit: accepted, counted, written.
+  const auto [y2, rm2, rv2] = run((int64_t{1} << 24) - 1, &tracked, &error);
+  EXPECT_TRUE(error.empty()) << error;
+  EXPECT_EQ(tracked, 5);
+  EXPECT_GT(y2, 0);
+  EXPECT_NE(rm2, 7.f);
+  (void)rv2;
 }
 
 INSTANTIATE_TEST_SUITE_P(Staged, GpuInFlight, ::testing::Values(Kind::kStaged));

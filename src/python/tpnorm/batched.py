@@ -1,0 +1,145 @@
+"""Several hidden-sharded row norms in ONE collective (tpnorm/batched.h): an attention's q-norm
+and k-norm, say, whose statistics would otherwise cost one latency-bound all-reduce each.
+
+    q, k = tpnorm.batched_row_norm([q, k], [q_weight, k_weight], eps=1e-6)
+
+Each input is [..., local] (this rank's columns of its own hidden size), with its own weight
+(this rank's slice) and optional bias; all share eps, the statistics mode and the group. Inputs
+may be plain tensors (``process_group`` as for tpnorm.rms_norm) or DTensors whose last dimension
+is Shard on one mesh dimension (the group is that mesh dimension's; outputs are DTensors laid
+out as the inputs). Forward and backward each make exactly one all-reduce for all items.
+"""
+import torch
+
+from . import _tpnorm as _C
+from . import dtensor as D
+from . import functional as F
+from . import library as _lib
+from .comm import as_communicator
+
+
+def _forward(comm, xs, ws, bs, centered, opt):
+    """(ys, means, rstds) of the K items (plain contiguous tensors), one collective."""
+    items, ys, means, rstds = [], [], [], []
+    for x, w, b, c in zip(xs, ws, bs, centered):
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        sdt = F._stats_dtype(x)
+        rstd = x.new_empty((F._rows(x),), dtype=sdt)
+        mean = x.new_empty((F._rows(x),), dtype=sdt) if c else None
+        items.append((c, F._to_dlpack(x), F._d(w), F._d(b), F._to_dlpack(y), F._d(mean),
+                      F._to_dlpack(rstd)))
+        ys.append(y)
+        means.append(mean)
+        rstds.append(rstd)
+    _C.batched_norm_forward(comm, items, opt)
+    return ys, means, rstds
+
+
+def _backward(comm, dys, xs, ws, bias_dtypes, means, rstds, centered, opt):
+    """(dxs, dws, dbs) of _forward's items (None for an absent parameter), one collective;
+    bias_dtypes[i] is None when item i has no bias."""
+    items, grads = [], ([], [], [])
+    for dy, x, w, bdt, mean, rstd, c in zip(dys, xs, ws, bias_dtypes, means, rstds, centered):
+        dx, dw, db = F._grads(x, w, x.shape[-1], bdt is not None, bdt)
+        dy = F._grad(dy, x)
+        items.append((c, F._to_dlpack(dy), F._to_dlpack(x), F._d(w), F._d(mean),
+                      F._to_dlpack(rstd), F._to_dlpack(dx), F._d(dw), F._d(db)))
+        for out, t in zip(grads, (dx, dw, db)):
+            out.append(t)
+    _C.batched_norm_backward(comm, items, opt)
+    return grads
+
+
+class _BatchedRowNorm(torch.autograd.Function):
+    """K row norms, one collective each way, in eager mode. ``call`` = (comm, opt, centered
+    per item, K); tensors = x_0, w_0, b_0, x_1, w_1, b_1, ... (plain local tensors)."""
+
+    @staticmethod
+    def forward(ctx, call, *tensors):
+        comm, opt, centered, k = call
+        xs = [tensors[3 * i].contiguous() for i in range(k)]
+        ws = [tensors[3 * i + 1] for i in range(k)]
+        bs = [tensors[3 * i + 2] for i in range(k)]
+        ys, means, rstds = _forward(comm, xs, ws, bs, centered, opt)
+        ctx.save_for_backward(*xs, *ws, *means, *rstds)
+        ctx.call = call
+        ctx.bias_dtypes = [None if b is None else b.dtype for b in bs]
+        return tuple(ys)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        comm, opt, centered, k = ctx.call
+        t = ctx.saved_tensors
+        dxs, dws, dbs = _backward(comm, dys, t[:k], t[k:2 * k], ctx.bias_dtypes,
+                                  t[2 * k:3 * k], t[3 * k:], centered, opt)
+        return (None,) + tuple(g for i in range(k) for g in (dxs[i], dws[i], dbs[i]))
+
+
+def _check_lists(inputs, weights, biases, centered):
+    k = len(inputs)
+    weights = [None] * k if weights is None else list(weights)
+    biases = [None] * k if biases is None else list(biases)
+    if isinstance(centered, bool):
+        centered = [centered] * k
+    centered = [bool(c) for c in centered]
+    if not (len(weights) == len(biases) == len(centered) == k):
+        raise ValueError("tpnorm.batched_row_norm: inputs, weights, biases and centered need "
+                         "one entry per item")
+    for c, b in zip(centered, biases):
+        if b is not None and not c:
+            raise ValueError("tpnorm.batched_row_norm: an RMSNorm item has no bias")
+    return weights, biases, centered
+
+
+def batched_row_norm(inputs, weights=None, biases=None, eps=1e-5, *, centered=False,
+                     process_group=None, stats="robust"):
+    """LayerNorm (centered) / RMSNorm of each input over its sharded last dimension, all in
+    one collective; returns the outputs as a tuple. ``centered`` is one bool for all items or
+    one per item; ``weights`` / ``biases`` lists with None for an absent parameter (a DTensor
+    parameter must be Shard(0) on the mesh dimension that shards its input)."""
+    inputs = list(inputs)
+    weights, biases, centered = _check_lists(inputs, weights, biases, centered)
+    k = len(inputs)
+    if k and D.is_dtensor(inputs[0]):
+        comm = D._comm_for(inputs[0], process_group)
+        tp = D._norm_mesh_dim(inputs[0])
+        for x in inputs[1:]:
+            if not D.is_dtensor(x) or x.device_mesh != inputs[0].device_mesh or \
+                    D._norm_mesh_dim(x) != tp:
+                raise ValueError("tpnorm.batched_row_norm: DTensor inputs must all shard their "
+                                 "last dimension on the same mesh dimension")
+        local = []
+        for x, w, b in zip(inputs, weights, biases):
+            # to_local / from_local are differentiable: gradients come back as DTensors
+            local += [x.to_local(), _local(w, x, tp), _local(b, x, tp)]
+    else:
+        comm = as_communicator(process_group)
+        local = [t for item in zip(inputs, weights, biases) for t in item]
+    ys = _batched(local[0::3], local[1::3], local[2::3], centered, comm, None, eps, stats)
+    if k and D.is_dtensor(inputs[0]):
+        return tuple(D.DTensor.from_local(y, x.device_mesh, x.placements, run_check=False,
+                                          shape=x.shape, stride=x.stride())
+                     for y, x in zip(ys, inputs))
+    return tuple(ys)
+
+
+def _batched(xs, ws, bs, centered, comm, handle, eps, stats):
+    """The K outputs of plain local tensors: the torch.library op while torch.compile traces
+    (``handle``: comm's, looked up when None), else the eager autograd Function."""
+    eps = float(eps)
+    if _lib.compiling():
+        h = _lib.comm_handle(comm) if handle is None else handle
+        params = [w for w in ws if w is not None] + [b for b in bs if b is not None]
+        return _lib.batched_row_norm(list(xs), params, [w is not None for w in ws],
+                                     [b is not None for b in bs], list(centered), h, eps,
+                                     stats)[0::3]
+    return _BatchedRowNorm.apply((comm, F.norm_options(eps, stats, 0), tuple(centered),
+                                  len(xs)), *[t for item in zip(xs, ws, bs) for t in item])
+
+
+def _local(p, x, tp):
+    """A DTensor parameter's local slice (differentiable), checked against x's layout."""
+    if p is None or not D.is_dtensor(p):
+        return p
+    D._local_param(p.detach(), x, tp)  # the placement checks only
+    return p.to_local()
