@@ -180,11 +180,30 @@ class _GatherReplicated(torch.autograd.Function):
         return dy[..., ctx.lo:ctx.hi].contiguous(), None, None
 
 
+def _style_norms(model):
+    """The mixer norms sharded by tpnorm.parallel.HiddenShardedNorm (torch >= 2.5): the mixer's
+    code hands them whole (replicated) tensors and takes whole ones back."""
+    if not tpnorm.dtensor.AVAILABLE:
+        pytest.skip("torch < 2.5 has no public DTensor")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (WORLD.size,))
+    style = tpnorm.parallel.HiddenShardedNorm(input_layouts=Replicate(),
+                                              output_layouts=Replicate(), use_local_output=True)
+    for layer in model.backbone.layers:
+        parallelize_module(layer.mixer, mesh, {"norm": style})
+    return lambda layer: layer.mixer.norm.weight.grad.to_local()
+
+
 @pytest.mark.parametrize("n_groups", [1, 2])
-def test_hf_mamba2_model_with_sharded_norms(n_groups):
+@pytest.mark.parametrize("how", ["module", "style"])
+def test_hf_mamba2_model_with_sharded_norms(n_groups, how):
     """A tiny Mamba-2 (random weights, built from its config) whose mixer norms run sharded
     over the ranks matches the unsharded model: logits, and the gradients of every norm weight
-    (this rank's slice) and of the embedding."""
+    (this rank's slice), of in_proj and of the embedding. ``how``: ShardedRMSNormGated in the
+    mixer's place, or the mixer's own norm through tpnorm.parallel.HiddenShardedNorm."""
     hf = _hf_mamba2()
     from transformers import Mamba2Config
 
@@ -200,8 +219,12 @@ def test_hf_mamba2_model_with_sharded_norms(n_groups):
     import copy
 
     tp = copy.deepcopy(ref)
-    for layer in tp.backbone.layers:
-        layer.mixer.norm = _ShardedMixerNorm(layer.mixer.norm, dist.group.WORLD).double()
+    if how == "style":
+        norm_grad = _style_norms(tp)
+    else:
+        for layer in tp.backbone.layers:
+            layer.mixer.norm = _ShardedMixerNorm(layer.mixer.norm, dist.group.WORLD).double()
+        norm_grad = lambda layer: layer.mixer.norm.norm.weight.grad  # noqa: E731
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(9))
     out_ref, out_tp = ref(ids).logits, tp(ids).logits
     out_ref.pow(2).mean().backward()
@@ -213,7 +236,7 @@ def test_hf_mamba2_model_with_sharded_norms(n_groups):
 
     n = check("logits", out_tp, out_ref)
     for a, b in zip(ref.backbone.layers, tp.backbone.layers):
-        n += check(f"layer {a.layer_idx} norm dweight", b.mixer.norm.norm.weight.grad,
+        n += check(f"layer {a.layer_idx} norm dweight", norm_grad(b),
                    cols(a.mixer.norm.weight.grad, r, P, 0))
         n += check(f"layer {a.layer_idx} in_proj grad", b.mixer.in_proj.weight.grad,
                    a.mixer.in_proj.weight.grad)
