@@ -8,16 +8,18 @@
 #                                            torch; prints its python
 #   launch/python-env.sh python              prints its python (empty when there is none)
 #   launch/python-env.sh install BUILD_DIR   pip install . into it (CMake's build kept in
-#                                            BUILD_DIR/torch-wheel, so a rebuild is incremental)
+#                                            BUILD_DIR/torch-wheel-cpu, so a rebuild is incremental)
 #
 # Environment: TPNORM_TORCH_VENV (default: .venv-torch at the repository root).
 set -euo pipefail
 
 # The one place the PyPI torch is pinned, with the model libraries the suite runs tpnorm
 # inside (their releases that go with this torch; mmengine for its registry; transformers for
-# HF's own modeling code of OLMo 2, OLMoE, FlexOlmo and MiniMax-M2).
+# HF's own modeling code of OLMo 2, OLMoE, FlexOlmo and MiniMax-M2, and accelerate, which its
+# from_pretrained needs for a tensor-parallel plan).
 TORCH_VERSION=2.15.0
-MODEL_LIBS=(torchvision==0.29.2 timm==1.0.31 mmengine==0.10.7 transformers==5.25.0)
+MODEL_LIBS=(torchvision==0.29.2 timm==1.0.31 mmengine==0.10.7 transformers==5.25.0
+            accelerate==1.16.0)
 PINS="torch==$TORCH_VERSION ${MODEL_LIBS[*]}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,7 +68,9 @@ ensure() {
 install_package() {
   local build_dir="${1:?usage: python-env.sh install BUILD_DIR}"
   [ -x "$VPY" ] || die "no venv at $VENV (run: launch/python-env.sh ensure)"
-  local defs=(--config-settings="build-dir=$build_dir/torch-wheel"
+  # Its own CMake directory: the suite's pip route (tests/python/pip_route.sh) keeps
+  # BUILD_DIR/torch-wheel with CUDA on where nvcc is, and a cached TPNORM_CUDA=OFF would leak.
+  local defs=(--config-settings="build-dir=$build_dir/torch-wheel-cpu"
               --config-settings=cmake.define.TPNORM_CUDA=OFF)
   if command -v ccache >/dev/null; then
     defs+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache

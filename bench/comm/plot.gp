@@ -9,7 +9,7 @@
 set terminal pngcairo size 1500,620 font ",11" noenhanced
 set output out
 set multiplot layout 1,2 \
-    title "tpnorm bench: time per step (forward + backward) of one sharded norm"
+    title "tpnorm bench: time per step (forward + backward) of one layer's sharded norm(s)"
 
 # The points sorted by name, then world size, so that each line is drawn without gaps.
 sorted = "< sort -t'|' -k1,1 -k3,3n '".points."'"

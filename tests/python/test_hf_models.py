@@ -361,3 +361,41 @@ def test_statistics_all_reduced_outside_autograd_get_dx_wrong():
           f"{right:.3g} (tpnorm)")
     assert_everywhere(right < 1e-5 and wrong > 1e-2 and wrong > 1e3 * right,
                       [f"outside autograd {wrong:.3g}, tpnorm {right:.3g}"])
+
+
+# --- HF's own loading path: from_pretrained with a tp_plan naming tpnorm's style ------------
+
+def test_from_pretrained_with_a_tp_plan_naming_tpnorms_style(tmp_path):
+    """A checkpoint saved by save_pretrained loads straight into the sharded model through HF's
+    own tensor-parallel loader (DistributedConfig's tp_plan), with the q/k norms as tpnorm's
+    QKNormPair registered under a name; it computes and trains as the unsharded model."""
+    from transformers.distributed import DistributedConfig
+
+    path = [str(tmp_path / "olmo2")]
+    dist.broadcast_object_list(path, src=0)  # rank 0's directory, one file system
+    if WORLD.rank == 0:
+        build("olmo2").save_pretrained(path[0])
+    dist.barrier()
+    tpnorm.parallel.register_hf_style("tpnorm_qk_pair", tpnorm.parallel.QKNormPair())
+    attn = "model.layers.*.self_attn"
+    plan = {attn: "tpnorm_qk_pair", f"{attn}.q_proj": "colwise", f"{attn}.k_proj": "colwise",
+            f"{attn}.v_proj": "colwise", f"{attn}.o_proj": "rowwise"}
+    ref = T.Olmo2ForCausalLM.from_pretrained(path[0])
+    tp = T.Olmo2ForCausalLM.from_pretrained(
+        path[0], distributed_config=DistributedConfig(tp_plan=plan, tp_size=P))
+    x = ids(seed=7)
+    out_r, out_t = ref(input_ids=x, labels=x), tp(input_ids=x, labels=x)
+    out_r.loss.backward()
+    out_t.loss.backward()
+    report = []
+    q_norm = tp.model.layers[0].self_attn.q_norm
+    if P > 1 and (type(tp.model.layers[0].self_attn).__name__ != "QKNormPairedOlmo2Attention"
+                  or not isinstance(q_norm.weight, DTensor)):  # HF applies no plan at TP 1
+        report.append(f"not sharded by tpnorm: {type(tp.model.layers[0].self_attn).__name__}")
+    if rel(out_t.logits, out_r.logits) > 2e-5:
+        report.append(f"logits off by {rel(out_t.logits, out_r.logits):.3g}")
+    for (n, a), (_, b) in zip(ref.named_parameters(), tp.named_parameters()):
+        if rel(full_grad(b), a.grad) > 1e-4:
+            report.append(f"grad of {n} off by {rel(full_grad(b), a.grad):.3g}")
+    assert_everywhere(not report, report)
+    dist.barrier()  # rank 0's directory stays until every rank has loaded it

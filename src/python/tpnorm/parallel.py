@@ -445,3 +445,37 @@ def full_state_dict(model):
             dist.all_gather(parts, pad.contiguous(), group=group)
             sd[prefix + p] = torch.cat([q[..., :n] for q, n in zip(parts, sizes)], dim=-1)
     return sd
+
+
+# --- HF transformers' own tensor-parallel plans ----------------------------------------------
+def register_hf_style(name, style):
+    """Registers a tpnorm ParallelStyle (QKNormPair, HiddenShardedNorm) under ``name`` in HF
+    transformers' registry of tensor-parallel styles, so that a plan given to
+    ``from_pretrained(..., distributed_config=DistributedConfig(tp_plan=...))`` can name it:
+
+        tpnorm.parallel.register_hf_style("tpnorm_qk_pair", tpnorm.parallel.QKNormPair())
+        plan = {"model.layers.*.self_attn": "tpnorm_qk_pair",
+                "model.layers.*.self_attn.q_proj": "colwise", ... k_proj, v_proj: "colwise",
+                "model.layers.*.self_attn.o_proj": "rowwise"}
+
+    HF applies a module's style before it loads the weights (on the meta device): the style
+    shards the norms' parameters there, each rank its own slice (no broadcast), and HF's
+    loader fills the DTensor slices from the checkpoint."""
+    from transformers.distributed.tensor_parallel import (ALL_PARALLEL_STYLES,
+                                                          TensorParallelLayer)
+
+    if not isinstance(style, (HiddenShardedNorm, QKNormPair)):
+        raise TypeError(f"tpnorm.parallel.register_hf_style: {type(style).__name__} is not "
+                        "one of tpnorm's styles")
+
+    class _HFStyle(TensorParallelLayer):
+        def install_forward(self, module, mesh, *, config=None, mesh_manager=None):
+            style.src_data_rank = None  # every rank slices its own part: nothing to broadcast
+            style._apply(module, mesh)
+            return module
+
+        def __repr__(self):
+            return f"hf({style!r})"
+
+    ALL_PARALLEL_STYLES.register(name, _HFStyle())
+    return name
