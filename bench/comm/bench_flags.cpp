@@ -17,9 +17,9 @@ bool to_int(const std::string& s, long long& v) {
 }
 
 // Every name is a strategy, and all of one family ("all": the LayerNorm ones, "qk": the
-// QK-norm ones).
+// QK-norm ones, "gated": the gated RMSNorm's).
 bool known_strategies(const std::string& list, std::string& error) {
-  if (list == "all" || list == "qk") return true;
+  if (list == "all" || list == "qk" || list == "gated") return true;
   std::stringstream in(list);
   std::string family;
   for (std::string name; std::getline(in, name, ',');) {
@@ -31,8 +31,10 @@ bool known_strategies(const std::string& list, std::string& error) {
       return false;
     }
     if (!family.empty() && family != found->family) {
-      error = "--strategies: " + name + " (" + found->family + ") compares with strategies of "
-              "its own family, not " + family + " ones";
+      error = "--strategies: " + name + " (" + found->family +
+              ") compares with strategies of "
+              "its own family, not " +
+              family + " ones";
       return false;
     }
     family = found->family;
@@ -43,10 +45,11 @@ bool known_strategies(const std::string& list, std::string& error) {
 }  // namespace
 
 void print_help(std::FILE* out) {
-  std::fputs("usage: tpnorm_bench [FLAGS]\n"
-             "  (run under mpirun; ./launch/tpnorm bench runs one job per world size, see "
-             "docs/benchmark.md)\n",
-             out);
+  std::fputs(
+      "usage: tpnorm_bench [FLAGS]\n"
+      "  (run under mpirun; ./launch/tpnorm bench runs one job per world size, see "
+      "docs/benchmark.md)\n",
+      out);
   std::fputs(kBenchUsage, out);
 }
 
@@ -80,8 +83,7 @@ bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
       if (!val()) return false;
       if (!known_strategies(v, error)) return false;
       f.strategies = v;
-    } else if (k == "--rows" || k == "--hidden" || k == "--kv-hidden" || k == "-n" ||
-               k == "-w") {
+    } else if (k == "--rows" || k == "--hidden" || k == "--kv-hidden" || k == "-n" || k == "-w") {
       if (!number(k == "-w" ? 0 : 1, n)) return false;
       if (k == "--rows") f.cfg.rows = n;
       if (k == "--hidden") f.cfg.hidden = n;
@@ -150,8 +152,9 @@ bool parse_flags(int argc, char** argv, Flags& f, std::string& error) {
       return false;
     }
   }
-  if (f.op != "all" && f.op != "layernorm" && f.op != "rmsnorm" && f.op != "syncbn") {
-    error = "--op must be layernorm, rmsnorm, syncbn or all, not '" + f.op + "'";
+  if (f.op != "all" && f.op != "layernorm" && f.op != "rmsnorm" && f.op != "syncbn" &&
+      f.op != "rmsnormgated") {
+    error = "--op must be layernorm, rmsnorm, syncbn, rmsnormgated or all, not '" + f.op + "'";
     return false;
   }
   if (!f.strategies.empty() &&

@@ -140,7 +140,8 @@ int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits
   for (const BenchStrategy& s : bench_strategies()) {
     const std::string family = s.family;
     bool want = (f.strategies == "all" && family == "layernorm") ||
-                (f.strategies == "qk" && family == "qknorm");
+                (f.strategies == "qk" && family == "qknorm") ||
+                (f.strategies == "gated" && family == "gated");
     std::stringstream in(f.strategies);
     for (std::string name; std::getline(in, name, ',');) want |= name == s.name;
     if (want) chosen.push_back(&s);
@@ -153,6 +154,12 @@ int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits
           "iterations after %d warm-up; one step = forward + backward\n",
           (long long)f.cfg.rows, (long long)f.cfg.hidden, (long long)f.cfg.rows,
           (long long)(f.cfg.kv_hidden > 0 ? f.cfg.kv_hidden : f.cfg.hidden), f.iters, f.warmup);
+    else if (std::string(chosen.front()->family) == "gated")
+      std::printf(
+          "# tpnorm bench --strategies: Mamba-2's gated RMSNorm, x and z %lldx%lld fp32, gate "
+          "first, 8 groups (1 when 8 does not divide the hidden size), channels sharded over "
+          "the ranks; %d iterations after %d warm-up; one step = forward + backward\n",
+          (long long)f.cfg.rows, (long long)f.cfg.hidden, f.iters, f.warmup);
     else
       std::printf(
           "# tpnorm bench --strategies: LayerNorm x %lldx%lld fp32, hidden sharded over "

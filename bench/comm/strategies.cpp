@@ -275,15 +275,16 @@ void all_gather(Communicator& comm, const void* mine, void* out,
 const std::vector<BenchStrategy>& bench_strategies() {
   static const std::vector<BenchStrategy> s = [] {
     std::vector<BenchStrategy> all = {
-      {"tpnorm", "tpnorm: 1 all-reduce / pass", make_tpnorm, plan_tpnorm},
-      {"two_pass", "2 all-reduces / pass (Colossal-AI 2D, MindSpeed)", make<TwoPassCase>,
-       plan_two_pass},
-      {"gather_row", "all-gather x, local norm (DTensor Shard(-1))", make<GatherRowCase>,
-       plan_gather_row},
-      {"gather_stats", "all-gather (n, mean, M2) + Chan merge (SyncBN)", make<GatherStatsCase>,
-       plan_gather_stats},
+        {"tpnorm", "tpnorm: 1 all-reduce / pass", make_tpnorm, plan_tpnorm},
+        {"two_pass", "2 all-reduces / pass (Colossal-AI 2D, MindSpeed)", make<TwoPassCase>,
+         plan_two_pass},
+        {"gather_row", "all-gather x, local norm (DTensor Shard(-1))", make<GatherRowCase>,
+         plan_gather_row},
+        {"gather_stats", "all-gather (n, mean, M2) + Chan merge (SyncBN)", make<GatherStatsCase>,
+         plan_gather_stats},
     };
     for (BenchStrategy& q : qk_strategies()) all.push_back(q);
+    for (BenchStrategy& g : gated_strategies()) all.push_back(g);
     return all;
   }();
   return s;

@@ -38,15 +38,19 @@ struct BenchStrategy {
   /// The collectives of one pass (forward or backward) on rank `rank` of P; rank < 0: a rank
   /// holding the mean share (for projections).
   std::vector<Collective> (*plan)(const BenchConfig& cfg, int P, int rank, bool forward);
-  /// The comparison it belongs to: "layernorm" (--strategies all) or "qknorm" (--strategies
-  /// qk, qk_strategies.cpp); one run compares strategies of one family.
+  /// The comparison it belongs to: "layernorm" (--strategies all), "qknorm" (--strategies
+  /// qk, qk_strategies.cpp) or "gated" (--strategies gated, gated_strategies.cpp); one run
+  /// compares strategies of one family.
   const char* family = "layernorm";
 };
 
-/// Every strategy, in report order: the LayerNorm ones, then qk_strategies().
+/// Every strategy, in report order: the LayerNorm ones, then qk_strategies(), then
+/// gated_strategies().
 const std::vector<BenchStrategy>& bench_strategies();
 /// The QK-norm strategies (qk_strategies.cpp).
 std::vector<BenchStrategy> qk_strategies();
+/// The gated RMSNorm's strategies (gated_strategies.cpp).
+std::vector<BenchStrategy> gated_strategies();
 
 /// All-gather of `bytes_by_rank[p]` bytes from every rank p into `out` (rank order) with
 /// MPI_Allgatherv on MPI_COMM_WORLD (the ranks of the benchmark's communicator; tpnorm's

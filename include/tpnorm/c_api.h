@@ -122,6 +122,26 @@ tpnorm_status_t tpnorm_rms_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtyp
                                          const void* rstd, void* dx, void* dgamma,
                                          const tpnorm_norm_options_t* opt);
 
+/* Gated RMSNorm (tpnorm/rms_norm_gated.h; Mamba-2's RMSNormGated). x, z, y, dy, dx, dz are
+ * [rows, c_local]: this rank's channels [offset, offset + c_local) of `hidden`, in groups of
+ * `group_size` channels (dividing hidden; -1: one group of all channels); z / dz NULL: no gate.
+ * norm_before_gate nonzero: y = rmsnorm(x) * weight * silu(z), else rmsnorm(x * silu(z)) *
+ * weight. weight / dweight [c_local] or NULL in `param_dtype` (dtype, or TPNORM_F32 next to
+ * fp16/bf16); rstd [rows, hidden / group_size] in `stats_dtype` (every group), optional in the
+ * forward. One collective per call, as tpnorm/rms_norm_gated.h says. */
+tpnorm_status_t tpnorm_rms_norm_gated_forward(tpnorm_comm_t comm, tpnorm_dtype_t dtype,
+                                              int64_t rows, int64_t c_local, int64_t hidden,
+                                              int64_t offset, int64_t group_size,
+                                              int norm_before_gate, const void* x, const void* z,
+                                              tpnorm_dtype_t param_dtype, const void* weight,
+                                              void* y, tpnorm_dtype_t stats_dtype, void* rstd,
+                                              const tpnorm_norm_options_t* opt);
+tpnorm_status_t tpnorm_rms_norm_gated_backward(
+    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int64_t rows, int64_t c_local, int64_t hidden,
+    int64_t offset, int64_t group_size, int norm_before_gate, const void* dy, const void* x,
+    const void* z, tpnorm_dtype_t param_dtype, const void* weight, tpnorm_dtype_t stats_dtype,
+    const void* rstd, void* dx, void* dz, void* dweight, const tpnorm_norm_options_t* opt);
+
 /* SyncBatchNorm. x is [N_local, C, *spatial] (NCHW) or [N_local, *spatial, C] (channels last),
  * given as `ndim` (2..8) dims at `shape`; N_local may be 0 on some ranks. gamma, beta [C] in
  * `dtype` or NULL (affine off); running_mean / running_var [C] in `stats_dtype` or NULL (no

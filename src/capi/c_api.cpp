@@ -16,6 +16,7 @@
 #include "tpnorm/error.h"
 #include "tpnorm/mpi.h"
 #include "tpnorm/norm.h"
+#include "tpnorm/rms_norm_gated.h"
 
 namespace {
 thread_local std::string last_error;
@@ -132,6 +133,17 @@ struct BatchNormShape {
   const int64_t C;
 };
 
+// The gated RMSNorm's grouping, and the shape of its rstd: [rows, groups] (groups 0 for a
+// grouping the op rejects anyway, inside its collective).
+tpnorm::GatedGroups gated_groups(int64_t hidden, int64_t offset, int64_t group_size, int nbg) {
+  return {group_size, hidden, offset, nbg != 0};
+}
+Shape gated_rstd_shape(int64_t rows, int64_t c_local, const tpnorm::GatedGroups& gg) {
+  const int64_t hidden = gg.hidden < 0 ? c_local : gg.hidden;
+  const int64_t gs = gg.group_size < 0 ? hidden : gg.group_size;
+  return {rows, gs > 0 && hidden % gs == 0 ? hidden / gs : 0};
+}
+
 }  // namespace
 
 extern "C" {
@@ -223,6 +235,38 @@ tpnorm_status_t tpnorm_rms_norm_backward(tpnorm_comm_t comm, tpnorm_dtype_t dtyp
     tpnorm::rms_norm_backward(*get(comm), req(dy, dtype, {rows, h}), req(x, dtype, {rows, h}),
                               maybe(gamma, dtype, {h}), maybe(rstd, sd, {rows}),
                               req(dx, dtype, {rows, h}), maybe(dgamma, dtype, {h}), options(opt));
+  });
+}
+
+tpnorm_status_t tpnorm_rms_norm_gated_forward(tpnorm_comm_t comm, tpnorm_dtype_t dtype,
+                                              int64_t rows, int64_t h, int64_t hidden,
+                                              int64_t offset, int64_t group_size,
+                                              int norm_before_gate, const void* x, const void* z,
+                                              tpnorm_dtype_t pd, const void* weight, void* y,
+                                              tpnorm_dtype_t sd, void* rstd,
+                                              const tpnorm_norm_options_t* opt) {
+  return guarded([&] {
+    const ViewsOn on(comm);
+    const tpnorm::GatedGroups gg = gated_groups(hidden, offset, group_size, norm_before_gate);
+    tpnorm::rms_norm_gated_forward(*get(comm), req(x, dtype, {rows, h}), maybe(z, dtype, {rows, h}),
+                                   gg, maybe(weight, pd, {h}), req(y, dtype, {rows, h}),
+                                   maybe(rstd, sd, gated_rstd_shape(rows, h, gg)), options(opt));
+  });
+}
+
+tpnorm_status_t tpnorm_rms_norm_gated_backward(
+    tpnorm_comm_t comm, tpnorm_dtype_t dtype, int64_t rows, int64_t h, int64_t hidden,
+    int64_t offset, int64_t group_size, int norm_before_gate, const void* dy, const void* x,
+    const void* z, tpnorm_dtype_t pd, const void* weight, tpnorm_dtype_t sd, const void* rstd,
+    void* dx, void* dz, void* dweight, const tpnorm_norm_options_t* opt) {
+  return guarded([&] {
+    const ViewsOn on(comm);
+    const tpnorm::GatedGroups gg = gated_groups(hidden, offset, group_size, norm_before_gate);
+    tpnorm::rms_norm_gated_backward(*get(comm), req(dy, dtype, {rows, h}), req(x, dtype, {rows, h}),
+                                    maybe(z, dtype, {rows, h}), gg, maybe(weight, pd, {h}),
+                                    req(rstd, sd, gated_rstd_shape(rows, h, gg)),
+                                    req(dx, dtype, {rows, h}), maybe(dz, dtype, {rows, h}),
+                                    maybe(dweight, pd, {h}), options(opt));
   });
 }
 

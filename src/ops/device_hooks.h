@@ -13,6 +13,7 @@
 #include "ops/cuda/batch_norm_cuda.h"
 #include "ops/cuda/fused_cuda.h"
 #include "ops/cuda/group_norm_cuda.h"
+#include "ops/cuda/rms_norm_gated_cuda.h"
 #include "ops/cuda/row_chunks_cuda.h"
 #include "ops/cuda/row_norm_cuda.h"
 #define TPNORM_DEVICE_HOOKS(partial, apply) \

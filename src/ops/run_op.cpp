@@ -171,7 +171,7 @@ void StartedOp::start() {
                     "flight on this communicator (" +
                     std::to_string(comm_.in_flight()) + "); finish() it before the capture");
   // Stats::kExact: device kernels where the spec's hooks declare them (every op with device
-  // hooks today), and int64 limbs with headroom for kMaxRanks.
+  // hooks but the gated RMSNorm), and int64 limbs with headroom for kMaxRanks.
   if (op_.stats() == Stats::kExact && on_device_ && !op_.has_device_exact())
     v.fail("stats", std::string("Stats::kExact has CPU kernels only so far for ") + op_.name() +
                         "; use a host communicator or Stats::kRobust");

@@ -17,6 +17,7 @@
 #include "tpnorm/fused.h"
 #include "tpnorm/group_norm.h"
 #include "tpnorm/norm.h"
+#include "tpnorm/rms_norm_gated.h"
 
 namespace py = pybind11;
 using py::arg;
@@ -130,6 +131,16 @@ void bind_options(py::module_& m) {
       .def_readwrite("groups", &ChannelGroups::groups)
       .def_readwrite("channels", &ChannelGroups::channels)
       .def_readwrite("channel_offset", &ChannelGroups::channel_offset);
+  py::class_<GatedGroups>(m, "GatedGroups")
+      .def(py::init([](int64_t group_size, int64_t hidden, int64_t offset, bool norm_before_gate) {
+             return GatedGroups{group_size, hidden, offset, norm_before_gate};
+           }),
+           arg("group_size") = -1, arg("hidden") = -1, arg("offset") = 0,
+           arg("norm_before_gate") = false)
+      .def_readwrite("group_size", &GatedGroups::group_size)
+      .def_readwrite("hidden", &GatedGroups::hidden)
+      .def_readwrite("offset", &GatedGroups::offset)
+      .def_readwrite("norm_before_gate", &GatedGroups::norm_before_gate);
 }
 
 void bind_row_norms(py::module_& m) {
@@ -283,6 +294,30 @@ void bind_channel_norms(py::module_& m) {
       },
       arg("comm"), arg("dy"), arg("x"), arg("cg"), arg("gamma"), arg("mean"), arg("rstd"),
       arg("dx"), arg("dgamma"), arg("dbeta"), arg("opt"), arg("instance") = false);
+
+  // The gated RMSNorm (Mamba-2's RMSNormGated): z and dz None for no gate.
+  m.def(
+      "rms_norm_gated_forward",
+      [](Communicator& c, Obj x, Obj z, const GatedGroups& gg, Obj weight, Obj y, Obj rstd,
+         const NormOptions& o) {
+        TensorArgs a;
+        auto X = a.add(x, "x"), Z = a.add(z, "z"), W = a.add(weight, "weight");
+        auto Y = a.add(y, "y"), R = a.add(rstd, "rstd");
+        a.run([&] { rms_norm_gated_forward(c, X, Z, gg, W, Y, R, o); });
+      },
+      arg("comm"), arg("x"), arg("z"), arg("gg"), arg("weight"), arg("y"), arg("rstd"), arg("opt"));
+  m.def(
+      "rms_norm_gated_backward",
+      [](Communicator& c, Obj dy, Obj x, Obj z, const GatedGroups& gg, Obj weight, Obj rstd, Obj dx,
+         Obj dz, Obj dweight, const NormOptions& o) {
+        TensorArgs a;
+        auto DY = a.add(dy, "dy"), X = a.add(x, "x"), Z = a.add(z, "z");
+        auto W = a.add(weight, "weight"), R = a.add(rstd, "rstd"), DX = a.add(dx, "dx");
+        auto DZ = a.add(dz, "dz"), DW = a.add(dweight, "dweight");
+        a.run([&] { rms_norm_gated_backward(c, DY, X, Z, gg, W, R, DX, DZ, DW, o); });
+      },
+      arg("comm"), arg("dy"), arg("x"), arg("z"), arg("gg"), arg("weight"), arg("rstd"), arg("dx"),
+      arg("dz"), arg("dweight"), arg("opt"));
 
   // num_batches_tracked stays with the caller (torch keeps it as a buffer); a cumulative
   // momentum arrives here already as 1/num_batches_tracked.

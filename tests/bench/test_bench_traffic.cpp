@@ -28,6 +28,8 @@ uint64_t documented_values(const std::string& op, const BenchConfig& c) {
   if (op == "layernorm") return 2 * static_cast<uint64_t>(c.rows);
   if (op == "rmsnorm") return static_cast<uint64_t>(c.rows);
   if (op == "syncbn") return 2 * static_cast<uint64_t>(c.shape[1]);  // 2 x C, count in header
+  // One value per (row, group); 8 groups, or 1 (the whole row) when 8 does not divide hidden.
+  if (op == "rmsnormgated") return static_cast<uint64_t>(c.rows * (c.hidden % 8 == 0 ? 8 : 1));
   ADD_FAILURE() << "no documented formula for op " << op;
   return 0;
 }
@@ -86,7 +88,10 @@ TEST(BenchTraffic, ExactCountersEqualTheDocumentedLimbs) {
     const std::string n = op.name;
     const uint64_t per =
         n == "syncbn" ? static_cast<uint64_t>(cfg.shape[1]) : static_cast<uint64_t>(cfg.rows);
-    const uint64_t fwd = n == "rmsnorm" ? 8 : 13, bwd = n == "rmsnorm" ? 6 : 11, header = 10;
+    // The gated RMSNorm: RMSNorm's limbs per (row, group); one group here (8 does not divide
+    // hidden = 7P + 1).
+    const bool rms = n == "rmsnorm" || n == "rmsnormgated";
+    const uint64_t fwd = rms ? 8 : 13, bwd = rms ? 6 : 11, header = 10;
     auto c = op.make(cfg, world->rank(), world->size());
     EXPECT_EQ(c->payload_values(true), fwd * per);
     EXPECT_EQ(c->payload_values(false), bwd * per);

@@ -10,12 +10,13 @@ from .comm import (Communicator, as_communicator, from_mpi4py, from_nccl_group,
                    from_process_group, single)
 from .functional import (deepnorm_alpha, deepnorm_beta, fused_add_layer_norm,
                          fused_add_rms_norm, group_norm, instance_norm, layer_norm, rms_norm,
-                         shard_range, sync_batch_norm)
+                         rms_norm_gated, shard_range, sync_batch_norm)
 # The row norms of tpnorm.dtensor: those of .functional, also taking DTensors (torch >= 2.5).
-from .dtensor import fused_add_layer_norm, fused_add_rms_norm, layer_norm, rms_norm  # noqa: F811
+from .dtensor import (fused_add_layer_norm, fused_add_rms_norm, layer_norm, rms_norm,  # noqa: F811
+                      rms_norm_gated)
 from .modules import (FusedAddLayerNorm, FusedAddRMSNorm, ShardedGroupNorm,
-                      ShardedInstanceNorm, ShardedLayerNorm, ShardedRMSNorm, SyncBatchNorm,
-                      SyncBatchNormAct)
+                      ShardedInstanceNorm, ShardedLayerNorm, ShardedRMSNorm, ShardedRMSNormGated,
+                      SyncBatchNorm, SyncBatchNormAct)
 from .batched import batched_row_norm
 from . import parallel  # HiddenShardedNorm and QKNormPair, ParallelStyles (torch >= 2.5)
 from . import library  # torch.library registration where torch >= 2.4 (else a no-op)

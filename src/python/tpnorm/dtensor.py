@@ -1,7 +1,8 @@
 """tpnorm's row norms on DTensors (torch.distributed.tensor, torch >= 2.5).
 
-``layer_norm``, ``rms_norm``, ``fused_add_layer_norm`` and ``fused_add_rms_norm`` of this
-module are those of tpnorm.functional (the package exports these), extended: an input that is
+``layer_norm``, ``rms_norm``, ``fused_add_layer_norm``, ``fused_add_rms_norm`` and
+``rms_norm_gated`` of this module are those of tpnorm.functional (the package exports these),
+extended: an input that is
 a DTensor whose last (normalized) dimension is Shard on one mesh dimension runs on the local
 shards with ONE all-reduce of statistics over that mesh dimension's process group, and the
 outputs are DTensors with the input's placements, shape and strides. Other mesh dimensions may
@@ -182,6 +183,47 @@ class _DFusedAddNorm(torch.autograd.Function):
                 _wrap_param_grad(db, ctx.bias, x), None, None, None, None)
 
 
+class _DRMSNormGated(torch.autograd.Function):
+    """The gated RMSNorm of a DTensor x (and gate laid out alike): local shards, one
+    all-reduce on the group of the mesh dimension sharding the channels."""
+
+    @staticmethod
+    def forward(ctx, x, z, weight, comm, group_size, norm_before_gate, opt):
+        tp = _norm_mesh_dim(x)
+        if z is not None and (not is_dtensor(z) or tuple(z.placements) != tuple(x.placements)
+                              or z.shape != x.shape):
+            raise ValueError("tpnorm: rms_norm_gated needs the gate as a DTensor of the input's "
+                             "shape and placements")
+        xl = x.to_local().contiguous()
+        zl = None if z is None else z.to_local().contiguous()
+        wl = _local_param(weight, x, tp)
+        gg = F._C.GatedGroups(group_size=group_size, hidden=x.shape[-1],
+                              offset=_shard_offset(x, tp), norm_before_gate=norm_before_gate)
+        y, rstd = F._rms_norm_gated_forward(comm, xl, zl, wl, gg, opt)
+        ctx.save_for_backward(xl, zl, wl, rstd)
+        ctx.comm, ctx.gg, ctx.opt = comm, gg, opt
+        ctx.x, ctx.z, ctx.weight = _Meta(x), _Meta(z), _Meta(weight)
+        return _wrap(y, x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        xl, zl, wl, rstd = ctx.saved_tensors
+        x = ctx.x
+        dx, dz, dw = F._rms_norm_gated_backward(ctx.comm, _local_grad(dy, x), xl, zl, wl, rstd,
+                                                ctx.gg, ctx.opt)
+        return (_wrap(dx, x), None if dz is None else _wrap(dz, x),
+                _wrap_param_grad(dw, ctx.weight, x), None, None, None, None)
+
+
+def _shard_offset(x, tp):
+    """The first global column of this rank's shard of x's last dimension: Shard places
+    torch.chunk's pieces, ceil(n / parts) columns each, in mesh-coordinate order."""
+    if tp is None:
+        return 0
+    n, parts = x.shape[-1], x.device_mesh.size(tp)
+    return min(x.device_mesh.get_coordinate()[tp] * (-(-n // parts)), n)
+
+
 class _Meta:
     """What backward needs of a DTensor (mesh, placements, shape, stride) without keeping the
     tensor itself alive; for a plain tensor or None only whether it was there."""
@@ -267,3 +309,21 @@ def fused_add_rms_norm(x, f, normalized_shape, weight=None, alpha=1.0, eps=None,
     comm = _comm_for(x, process_group)
     return _DFusedAddNorm.apply(x, f, weight, None, float(alpha), comm,
                                 _options(x, normalized_shape, eps, stats), False)
+
+
+def rms_norm_gated(input, weight=None, gate=None, eps=1e-5, *, group_size=None,
+                   norm_before_gate=False, hidden_size=None, offset=None, process_group=None,
+                   stats="robust"):
+    """tpnorm.functional.rms_norm_gated, also for a DTensor input (and gate) whose last
+    dimension is Shard on one mesh dimension: hidden_size and offset come from the DTensor."""
+    if not is_dtensor(input):
+        return F.rms_norm_gated(input, weight, gate, eps, group_size=group_size,
+                                norm_before_gate=norm_before_gate, hidden_size=hidden_size,
+                                offset=offset, process_group=process_group, stats=stats)
+    if hidden_size is not None and hidden_size != input.shape[-1]:
+        raise ValueError(f"tpnorm: with a DTensor input hidden_size is the global size of its "
+                         f"last dimension ({input.shape[-1]}), got {hidden_size}")
+    comm = _comm_for(input, process_group)
+    return _DRMSNormGated.apply(input, gate, weight, comm,
+                                -1 if group_size is None else int(group_size),
+                                bool(norm_before_gate), F.norm_options(eps, stats))

@@ -449,6 +449,98 @@ def _channel_groups(x, groups, comm, channels, offset):
     return groups, channels, offset
 
 
+def _rms_norm_gated_forward(comm, x, z, weight, gg, opt):
+    """(y, rstd) of the gated RMSNorm on [rows..., c_local]; rstd is [rows, groups]."""
+    y = _like(x)
+    rstd = _empty((_rows(x), _gated_groups_count(x, gg)), x, _stats_dtype(x))
+    _C.rms_norm_gated_forward(comm, _d(x), _d(z), gg, _d(weight), _d(y), _d(rstd), opt)
+    return y, rstd
+
+
+def _rms_norm_gated_backward(comm, dy, x, z, weight, rstd, gg, opt):
+    """(dx, dz, dweight) of _rms_norm_gated_forward (None for an absent gate or weight)."""
+    dx, dw, _ = _grads(x, weight, 0, False)
+    dz = None if z is None else _like(z)
+    _C.rms_norm_gated_backward(comm, _d(_grad(dy, x)), _d(x), _d(z), gg, _d(weight), _d(rstd),
+                               _d(dx), _d(dz), _d(dw), opt)
+    return dx, dz, dw
+
+
+def _gated_groups_count(x, gg):
+    """Groups of the whole row (every rank's rstd holds all of them); 0 for a grouping the
+    op refuses, which it then reports on every rank."""
+    hidden = x.shape[-1] if gg.hidden < 0 else gg.hidden
+    size = hidden if gg.group_size < 0 else gg.group_size
+    return hidden // size if size > 0 and hidden % size == 0 else 0
+
+
+class _RMSNormGated(torch.autograd.Function):
+    """Gated RMSNorm over channels sharded across comm: y from x, the gate z (or None) and
+    weight; ``call`` is (comm, gated groups, opt)."""
+
+    @staticmethod
+    def forward(ctx, x, z, weight, call):
+        comm, gg, opt = call
+        y, rstd = _rms_norm_gated_forward(comm, x, z, weight, gg, opt)
+        ctx.save_for_backward(x, z, weight, rstd)
+        ctx.call = call
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, z, weight, rstd = ctx.saved_tensors
+        comm, gg, opt = ctx.call
+        dx, dz, dw = _rms_norm_gated_backward(comm, dy, x, z, weight, rstd, gg, opt)
+        return dx, dz, dw, None
+
+
+def rms_norm_gated(input, weight=None, gate=None, eps=1e-5, *, group_size=None,
+                   norm_before_gate=False, hidden_size=None, offset=None, process_group=None,
+                   stats="robust"):
+    """Mamba-2's gated RMSNorm over the last dimension, sharded across ``process_group``:
+
+        norm_before_gate=False (Mamba-2, transformers' MambaRMSNormGated):
+            y = rmsnorm(x * silu(gate)) * weight
+        norm_before_gate=True:   y = rmsnorm(x) * weight * silu(gate)
+
+    with statistics per group of ``group_size`` channels of the full last dimension (None: one
+    group, the whole row; groups may span ranks). input and gate are [..., local]: this rank's
+    channels [offset, offset + local) of ``hidden_size``; without offset the split is
+    shard_range(hidden_size, rank, size); without hidden_size the channels are not sharded.
+    gate None: no gate (a grouped RMSNorm). weight: this rank's [local] slice, the input's dtype
+    or float32 next to float16/bfloat16. One collective per forward and per backward."""
+    comm = as_communicator(process_group)
+    hidden, offset = _gated_shard(input, comm, hidden_size, offset)
+    return _rms_norm_gated(input, gate, weight, -1 if group_size is None else int(group_size),
+                           hidden, offset, bool(norm_before_gate), comm, eps, stats)
+
+
+def _gated_shard(x, comm, hidden, offset):
+    """(hidden, offset) as group_norm's _channel_groups: -1 hidden is this rank's channels."""
+    if hidden is None:
+        hidden = x.shape[-1] if offset is None else -1
+    if offset is None:
+        offset = shard_range(hidden, comm.rank, comm.size)[0] if hidden >= 0 else 0
+    if hidden >= 0 and comm.size == 1:
+        offset = 0
+    return int(hidden), int(offset)
+
+
+def _rms_norm_gated(x, z, weight, group_size, hidden, offset, norm_before_gate, comm, eps, stats,
+                    handle=None):
+    """The gated RMSNorm as _row_norm dispatches: the torch.library op while torch.compile
+    traces, else the autograd Function."""
+    if _lib.compiling():
+        h = _lib.comm_handle(comm) if handle is None else handle
+        return _lib.rms_norm_gated(x, z, weight, group_size, hidden, offset, norm_before_gate, h,
+                                   float(eps), stats)[0]
+    gg = _C.GatedGroups(group_size=group_size, hidden=hidden, offset=offset,
+                        norm_before_gate=norm_before_gate)
+    if z is not None:
+        z = z.contiguous()
+    return _RMSNormGated.apply(x.contiguous(), z, weight, (comm, gg, norm_options(eps, stats)))
+
+
 def _channels_last(x):
     """Whether x runs channels-last: by the strides (stride 1 on C), not by is_contiguous(),
     under which an empty batch is "contiguous" in every format. The ranks need not agree: each

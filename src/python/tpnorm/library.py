@@ -12,11 +12,13 @@ forward ones, registered autograd whose backward is the matching ``*_backward`` 
       instance) -> (y, mean, rstd)
   tpnorm::sync_batch_norm(x, weight?, bias?, running_mean?, running_var?, handle, training,
       momentum, eps, stats) -> (y, save_mean, save_invstd, new running_mean, new running_var)
-
+  tpnorm::rms_norm_gated(x, z?, weight?, group_size, hidden, offset, norm_before_gate, handle,
+      eps, stats) -> (y, rstd)
   tpnorm::batched_row_norm(xs, params, has_weight, has_bias, centered, handle, eps, stats)
       -> [y_0, mean_0, rstd_0, y_1, ...]   (K row norms in one collective)
 
-and row_norm_backward, batched_row_norm_backward, fused_add_norm_backward, group_norm_backward, sync_batch_norm_backward.
+and row_norm_backward, batched_row_norm_backward, fused_add_norm_backward, group_norm_backward,
+sync_batch_norm_backward, rms_norm_gated_backward.
 An op's statistic it does not compute (RMSNorm's mean) and an absent parameter's gradient are
 empty tensors. A communicator crosses as an integer ``handle`` (comm_handle): custom ops take
 tensors and scalars only. The modules and functional forms of tpnorm call these ops while
@@ -321,3 +323,50 @@ if AVAILABLE:
             (None,) * 7
 
     sync_batch_norm.register_autograd(_bn_backward, setup_context=_bn_setup)
+
+    # --- gated RMSNorm (Mamba-2) ------------------------------------------------------------
+    def _gated_groups(group_size, hidden, offset, norm_before_gate):
+        return _C.GatedGroups(group_size=group_size, hidden=hidden, offset=offset,
+                              norm_before_gate=norm_before_gate)
+
+    @torch.library.custom_op("tpnorm::rms_norm_gated", mutates_args=())
+    def rms_norm_gated(x: Tensor, z: OptTensor, weight: OptTensor, group_size: int, hidden: int,
+                       offset: int, norm_before_gate: bool, handle: int, eps: float,
+                       stats: str) -> Tuple[Tensor, Tensor]:
+        gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
+        return F._rms_norm_gated_forward(_comms[handle], x, z, weight, gg,
+                                         F.norm_options(eps, stats))
+
+    @rms_norm_gated.register_fake
+    def _(x, z, weight, group_size, hidden, offset, norm_before_gate, handle, eps, stats):
+        gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
+        return (torch.empty_like(x), x.new_empty((F._rows(x), F._gated_groups_count(x, gg)),
+                                                 dtype=F._stats_dtype(x)))
+
+    @torch.library.custom_op("tpnorm::rms_norm_gated_backward", mutates_args=())
+    def rms_norm_gated_backward(dy: Tensor, x: Tensor, z: OptTensor, weight: OptTensor,
+                                rstd: Tensor, group_size: int, hidden: int, offset: int,
+                                norm_before_gate: bool, handle: int, eps: float,
+                                stats: str) -> Tuple[Tensor, Tensor, Tensor]:
+        gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
+        dx, dz, dw = F._rms_norm_gated_backward(_comms[handle], dy, x, z, weight, rstd, gg,
+                                                F.norm_options(eps, stats))
+        return dx, (_absent(x) if dz is None else dz), (_absent(x) if dw is None else dw)
+
+    @rms_norm_gated_backward.register_fake
+    def _(dy, x, z, weight, rstd, group_size, hidden, offset, norm_before_gate, handle, eps,
+          stats):
+        return (torch.empty_like(x), _absent(x) if z is None else torch.empty_like(z),
+                _absent(x) if weight is None else torch.empty_like(weight))
+
+    def _gated_setup(ctx, inputs, output):
+        x, z, weight = inputs[:3]
+        ctx.save_for_backward(x, z, weight, output[1])
+        ctx.args = inputs[3:]
+
+    def _gated_backward(ctx, dy, drstd):
+        x, z, weight, rstd = ctx.saved_tensors
+        dx, dz, dw = rms_norm_gated_backward(dy, x, z, weight, rstd, *ctx.args)
+        return (dx, None if z is None else dz, None if weight is None else dw) + (None,) * 7
+
+    rms_norm_gated.register_autograd(_gated_backward, setup_context=_gated_setup)

@@ -2,7 +2,8 @@
 
 Signatures are torch.nn's (ShardedLayerNorm as nn.LayerNorm, ShardedRMSNorm as nn.RMSNorm,
 ShardedGroupNorm as nn.GroupNorm, ShardedInstanceNorm as nn.InstanceNorm2d, SyncBatchNorm as
-nn.SyncBatchNorm), with keyword-only additions: ``process_group`` (anything
+nn.SyncBatchNorm, ShardedRMSNormGated as mamba_ssm's RMSNormGated and transformers'
+MambaRMSNormGated), with keyword-only additions: ``process_group`` (anything
 tpnorm.as_communicator accepts; None is the default torch.distributed group when one is
 initialised, else one process) and the shard's size.
 
@@ -230,6 +231,44 @@ class ShardedInstanceNorm(_ShardedChannelNorm):
         super().__init__(num_features, num_features, eps, affine, device, dtype, process_group,
                          local_channels, channel_offset, True)
         self.momentum, self.track_running_stats = momentum, False
+
+
+class ShardedRMSNormGated(_CommHolder, nn.Module):
+    """Mamba-2's gated RMSNorm (mamba_ssm's RMSNormGated, transformers' MambaRMSNormGated)
+    with the channels sharded across ``process_group``: forward(hidden_states, gate=None) takes
+    [..., local_size] (this rank's channels, by default shard_range(hidden_size, rank, size), or
+    local_size channels from ``offset``) and returns this rank's channels of
+
+        norm_before_gate=False:  rmsnorm(x * silu(gate)) * weight   (Mamba-2's layers)
+        norm_before_gate=True:   rmsnorm(x) * weight * silu(gate)
+
+    with statistics per group of ``group_size`` channels (None: the whole row, n_groups = 1);
+    a group may span ranks. One collective per forward and per backward. weight is this rank's
+    slice, initialised to ones."""
+
+    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=False,
+                 device=None, dtype=None, *, process_group=None, local_size=None, offset=0):
+        super().__init__()
+        self.process_group, self._comm = process_group, None
+        start, stop = F.shard_range(hidden_size, self.comm.rank, self.comm.size)
+        if local_size is not None:
+            start, stop = offset, offset + local_size
+        self.hidden_size, self.eps = int(hidden_size), eps
+        self.group_size = self.hidden_size if group_size is None else int(group_size)
+        self.norm_before_gate, self.shard = bool(norm_before_gate), (start, stop)
+        self.weight = nn.Parameter(torch.ones(stop - start, device=device, dtype=dtype))
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+    def forward(self, hidden_states, gate=None):
+        return F._rms_norm_gated(hidden_states, gate, self.weight, self.group_size,
+                                 self.hidden_size, self.shard[0], self.norm_before_gate,
+                                 self.comm, self.eps, "robust", self._handle)
+
+    def extra_repr(self):
+        return (f"{self.hidden_size}, eps={self.eps}, group_size={self.group_size}, "
+                f"norm_before_gate={self.norm_before_gate}, shard={self.shard}")
 
 
 class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):

@@ -14,11 +14,15 @@ and bias become DTensor parameters Shard(0) on the mesh (uneven as DTensor split
 forward runs tpnorm's op on the local shards (one all-reduce of statistics per forward and per
 backward, no all-gather of activations), and state_dict keys stay those of the module.
 QKNormPair does the same for an attention's q_norm and k_norm with ONE all-reduce for both.
+HiddenShardedNorm also takes Mamba-2's gated RMSNorm (transformers' MambaRMSNormGated /
+Mamba2RMSNormGated, mamba_ssm's RMSNormGated: forward(hidden_states, gate)): its groups may span
+ranks, and both inputs are laid out alike.
 
 load_full_state_dict / full_state_dict do for tpnorm's own Sharded* row modules (plain-tensor
 parameters) what torch.distributed.checkpoint.state_dict does for DTensor parameters: an
 unsharded checkpoint loads slice by slice, and gathers back bit for bit.
 """
+import inspect
 from functools import partial
 
 import torch
@@ -106,13 +110,62 @@ def _sharded_class(cls):
     return out
 
 
+def _is_gated(module):
+    """Mamba-2's gated RMSNorm: a 1-D weight, a group_size and forward(x, gate / z)."""
+    try:
+        params = list(inspect.signature(type(module).forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return (hasattr(module, "group_size") and len(params) >= 3 and params[2] in ("gate", "z")
+            and isinstance(getattr(module, "weight", None), torch.Tensor)
+            and module.weight.dim() == 1)
+
+
+def _gated_forward(self, hidden_states, gate=None):
+    """A sharded gated norm's forward: tpnorm's rms_norm_gated on the local shards. transformers'
+    classes multiply the weight after casting the normalized values to the input's dtype; that
+    cast point is kept (mamba_ssm's, with norm_before_gate, multiplies before it)."""
+    _, _, eps, stats, _, _ = self._tpnorm
+    group_size, norm_before_gate, after_cast = self._tpnorm_gated
+    weight = None if after_cast else self.weight
+    y = D.rms_norm_gated(hidden_states, weight, gate, eps, group_size=group_size,
+                         norm_before_gate=norm_before_gate, stats=stats)
+    if not after_cast:
+        return y
+    yl = _scale_shift(y.to_local(), _local(self.weight), None)
+    return DTensor.from_local(yl, y.device_mesh, y.placements, run_check=False, shape=y.shape,
+                              stride=y.stride())
+
+
+def _shard_gated(module, mesh, stats, src_data_rank):
+    hidden = module.weight.shape[0]
+    group_size = module.group_size or hidden
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    nbg = bool(getattr(module, "norm_before_gate", False))
+    after_cast = not hasattr(module, "norm_before_gate")  # transformers' classes
+    comm = D._comm_of(mesh.get_group(0))
+    cls = type(module)
+    sharded = _CLASSES.get(cls)
+    if sharded is None:
+        sharded = _CLASSES[cls] = type(f"HiddenSharded{cls.__name__}", (cls,),
+                                       {"forward": _gated_forward})
+    module.__class__ = sharded
+    module._tpnorm = (None, hidden, eps, stats, comm, comm_handle(comm) if _lib.AVAILABLE else None)
+    module._tpnorm_gated = (int(group_size), nbg, after_cast)
+    module.register_parameter("weight", nn.Parameter(
+        distribute_tensor(module.weight, mesh, [Shard(0)], src_data_rank=src_data_rank),
+        requires_grad=module.weight.requires_grad))
+
+
 def _shard_norm(module, mesh, stats, src_data_rank):
-    """Turns ``module`` (a supported norm, see norm_classes) into a hidden-sharded one on the
-    1-D ``mesh``, in place."""
-    n = norm_classes.numerics(module)  # refuses other modules first, on every rank alike
+    """Turns ``module`` (a supported norm, see norm_classes, or a gated RMSNorm) into a
+    hidden-sharded one on the 1-D ``mesh``, in place."""
     if mesh.ndim != 1:
         raise ValueError("tpnorm.parallel: the style takes a 1-D mesh (pass the TP dimension "
                          "of a larger one, e.g. mesh['tp'])")
+    if _is_gated(module):
+        return _shard_gated(module, mesh, stats, src_data_rank)
+    n = norm_classes.numerics(module)  # refuses other modules first, on every rank alike
     hidden = norm_classes.hidden_size(module)
     eps = norm_classes.eps_of(module)  # None: nn.RMSNorm's default, the compute type's
     comm = D._comm_of(mesh.get_group(0))
@@ -125,8 +178,9 @@ def _shard_norm(module, mesh, stats, src_data_rank):
 
 
 class HiddenShardedNorm(ParallelStyle):
-    """Shard a LayerNorm / RMSNorm (torch's or a model library's, see the module doc) over its
-    hidden (last) dimension on a 1-D mesh.
+    """Shard a LayerNorm / RMSNorm (torch's or a model library's, see the module doc) or a
+    gated RMSNorm (Mamba-2's; its gate laid out as its input) over its hidden (last) dimension
+    on a 1-D mesh.
 
     Keyword Args:
         input_layouts (Placement): the layout of a plain-tensor input, annotated as a DTensor
@@ -159,7 +213,15 @@ class HiddenShardedNorm(ParallelStyle):
 
     @staticmethod
     def _prepare_input_fn(input_layouts, mod, inputs, mesh):
-        x = inputs[0]
+        # A gated norm's gate (its second input) is laid out as the first.
+        n = 2 if getattr(mod, "_tpnorm_gated", None) and len(inputs) > 1 and \
+            inputs[1] is not None else 1
+        return tuple(HiddenShardedNorm._annotate(input_layouts, mod, x, mesh)
+                     for x in inputs[:n]) + tuple(inputs[n:])
+
+    @staticmethod
+    def _annotate(input_layouts, mod, x, mesh):
+        """x as a DTensor Shard(-1) on the mesh (a plain tensor annotated with input_layouts)."""
         if not isinstance(x, DTensor):
             hidden = mod._tpnorm[1]
             layout = input_layouts[0]
@@ -173,7 +235,7 @@ class HiddenShardedNorm(ParallelStyle):
         want = (Shard(x.ndim - 1),)
         if tuple(x.placements) != want:
             x = x.redistribute(mesh, want)
-        return (x, *inputs[1:])
+        return x
 
     @staticmethod
     def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, mesh):
