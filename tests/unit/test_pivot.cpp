@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -129,6 +130,32 @@ TEST(RobustPivot, SitsNearTheMeanWhenTheFirstValueIsAnOutlier) {
     mean /= static_cast<double>(v.size());
     EXPECT_LT(std::fabs(robust_pivot(v.data(), 4096) - mean), 0.5) << "row " << row;
   }
+}
+
+TEST(RobustPivot, ContiguousFloat32FormHasTheBitsOfTheRule) {
+  // A contiguous fp32 run of kPivotSpan or more values takes a vector form on the host (where
+  // the build has AVX): the same bits as the accessor form, which device code runs. Random
+  // rows around offsets up to 1e6; with wide = true each value's scale is 2^k for a random k in
+  // [-60, 60], so that the double sums round and the order of every addition shows.
+  std::mt19937_64 gen(5);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::uniform_int_distribution<int> k(-60, 60);
+  int checked = 0;
+  for (double offset : {0.0, 3.5, -1e4, 1e6})
+    for (bool wide : {false, true})
+      for (int64_t n : {kPivotSpan - 1, kPivotSpan, kPivotSpan + 3, int64_t{512}})
+        for (int row = 0; row < 16; ++row) {
+          std::vector<float> v(static_cast<size_t>(n));
+          for (float& x : v)
+            x = static_cast<float>(offset + std::ldexp(u(gen), wide ? k(gen) : 0));
+          const float got = robust_pivot(v.data(), n);
+          const float want = robust_pivot(n, [&](int64_t i) { return v[i]; });
+          ASSERT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+              << "n=" << n << " offset " << offset << (wide ? " wide" : "") << ": " << got
+              << " vs " << want;
+          ++checked;
+        }
+  EXPECT_EQ(checked, 4 * 2 * 4 * 16);
 }
 
 TEST(RobustPivot, NoValues) {
