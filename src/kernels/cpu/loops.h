@@ -39,7 +39,8 @@ struct Two {
   V a, b;
 };
 
-/// How far ahead of the element being read the kernels prefetch their inputs (into L2): a
+/// How far ahead of the element being read the kernels prefetch their inputs (into L2; the
+/// row kernels' write_row<true> into L1): a
 /// constant distance; prefetching a whole 16 KiB row ahead measured slower at one thread.
 constexpr int64_t kAheadBytes = 4096;
 
@@ -136,8 +137,8 @@ bool stream_output(int64_t working_set_bytes) {
 // write_row<true>'s loop, one instance per case of (streaming, pf1, pf2): two vectors per
 // iteration, one bound test, no test of a pointer or a flag inside the loop. It prefetches into
 // L1 (locality 3): the row kernels read those lines within the next row or two, and the
-// [4096, 512] LayerNorm forward ran 0.95-0.98x oneDNN's speed with the L2 hint, 1.04-1.10x with
-// this one (Intel Xeon; AMD's cores treat the hints alike).
+// [4096, 512] LayerNorm forward ran 0.93-1.04x oneDNN's speed with the L2 hint, 1.04-1.10x with
+// this one (on an Intel Xeon; not yet measured on AMD).
 template <bool kStream, bool kP1, bool kP2, class T, class Value>
 inline void write_vectors(T* dst, int64_t j, int64_t h, const T* pf1, const T* pf2,
                           Value& value) {
@@ -166,7 +167,7 @@ inline void write_vectors(T* dst, int64_t j, int64_t h, const T* pf1, const T* p
 /// kSplit: the loop in one instance per case (write_vectors), for the row kernels: their
 /// formulas are long enough that GCC keeps the pointer tests inside one loop (two of the ~10
 /// instructions of a vector), and the instances with two vectors per iteration cut the loop's
-/// own overhead; the row LayerNorm's forward and backward ran ~20 % fewer instructions. Not for
+/// own overhead; the row LayerNorm's forward and backward ran 14-16 % fewer instructions. Not for
 /// SyncBatchNorm: its channels-last formula tracks the channel in the caller's locals, which
 /// stay in registers only when the one loop is inlined (split, it took 1.1-1.4x its time).
 template <bool kSplit = false, class T, class Value>
