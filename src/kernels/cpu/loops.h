@@ -39,9 +39,9 @@ struct Two {
   V a, b;
 };
 
-/// How far ahead of the element being read the kernels prefetch their inputs (into L2; the
-/// row kernels' write_row<true> into L1): a
-/// constant distance; prefetching a whole 16 KiB row ahead measured slower at one thread.
+/// How far ahead of the element being read the kernels prefetch their inputs (into L2; the row
+/// kernels' write_row<true> into L1): a constant distance; prefetching a whole 16 KiB row ahead
+/// measured slower at one thread.
 constexpr int64_t kAheadBytes = 4096;
 
 /// Elements per float32 block of block_sums: two chains of 16 vectors per lane, so each lane's
