@@ -39,9 +39,8 @@ struct Two {
   V a, b;
 };
 
-/// How far ahead of the element being read the kernels prefetch their inputs (into L2; the row
-/// kernels' write_row<true> into L1): a constant distance; prefetching a whole 16 KiB row ahead
-/// measured slower at one thread.
+/// How far ahead of the element being read the kernels prefetch their inputs (into L2): a
+/// constant distance; prefetching a whole 16 KiB row ahead measured slower at one thread.
 constexpr int64_t kAheadBytes = 4096;
 
 /// Elements per float32 block of block_sums: two chains of 16 vectors per lane, so each lane's
@@ -134,43 +133,11 @@ bool stream_output(int64_t working_set_bytes) {
   return std::is_same_v<T, float> && working_set_bytes >= last_level_cache_bytes();
 }
 
-// write_row<true>'s loop, one instance per case of (streaming, pf1, pf2): two vectors per
-// iteration, one bound test, no test of a pointer or a flag inside the loop. It prefetches into
-// L1 (locality 3): the row kernels read those lines within the next row or two, and the
-// [4096, 512] LayerNorm forward ran 0.93-1.04x oneDNN's speed with the L2 hint, 1.04-1.10x with
-// this one (on an Intel Xeon; not yet measured on AMD).
-template <bool kStream, bool kP1, bool kP2, class T, class Value>
-inline void write_vectors(T* dst, int64_t j, int64_t h, const T* pf1, const T* pf2,
-                          Value& value) {
-  constexpr int64_t L = vf::L;
-  auto put = [&](int64_t k) __attribute__((always_inline)) {
-    if constexpr (kP1) __builtin_prefetch(pf1 + k, 0, 3);
-    if constexpr (kP2) __builtin_prefetch(pf2 + k, 0, 3);
-    const vf v = value(k, vf{});
-    if constexpr (kStream)
-      vstream(reinterpret_cast<float*>(dst) + k, v);
-    else
-      store_as(dst + k, v);
-  };
-  for (; j + 2 * L <= h; j += 2 * L) {
-    put(j);
-    put(j + L);
-  }
-  for (; j + L <= h; j += L) put(j);
-  for (; j < h; ++j) store_as(dst + j, value(j, 0.0f));
-}
-
 /// dst[j] = value(j) for j < h. stream: streaming stores straight from registers (the caller
 /// ends the batch with stream_fence()). pf1/pf2 (may be null): inputs the caller reads next
 /// (kAheadBytes on), prefetched one vector per vector written, so that their memory reads
 /// overlap this row's arithmetic and writes instead of following them.
-/// kSplit: the loop in one instance per case (write_vectors), for the row kernels: their
-/// formulas are long enough that GCC keeps the pointer tests inside one loop (two of the ~10
-/// instructions of a vector), and the instances with two vectors per iteration cut the loop's
-/// own overhead; the row LayerNorm's forward and backward ran 14-16 % fewer instructions. Not for
-/// SyncBatchNorm: its channels-last formula tracks the channel in the caller's locals, which
-/// stay in registers only when the one loop is inlined (split, it took 1.1-1.4x its time).
-template <bool kSplit = false, class T, class Value>
+template <class T, class Value>
 inline void write_row(T* dst, int64_t h, bool stream, const T* pf1, const T* pf2, Value value) {
   constexpr int64_t L = vf::L;
   int64_t j = 0;
@@ -178,18 +145,6 @@ inline void write_row(T* dst, int64_t h, bool stream, const T* pf1, const T* pf2
     if (stream)
       for (; j < h && (reinterpret_cast<uintptr_t>(dst + j) & 63) != 0; ++j)
         dst[j] = value(j, 0.0f);
-    if constexpr (kSplit) {
-      if (stream) {
-        if (pf1 && pf2) return write_vectors<true, true, true>(dst, j, h, pf1, pf2, value);
-        if (pf1) return write_vectors<true, true, false>(dst, j, h, pf1, pf2, value);
-        if (pf2) return write_vectors<true, false, true>(dst, j, h, pf1, pf2, value);
-        return write_vectors<true, false, false>(dst, j, h, pf1, pf2, value);
-      }
-      if (pf1 && pf2) return write_vectors<false, true, true>(dst, j, h, pf1, pf2, value);
-      if (pf1) return write_vectors<false, true, false>(dst, j, h, pf1, pf2, value);
-      if (pf2) return write_vectors<false, false, true>(dst, j, h, pf1, pf2, value);
-      return write_vectors<false, false, false>(dst, j, h, pf1, pf2, value);
-    }
   }
   for (; j + L <= h; j += L) {
     if (pf1) __builtin_prefetch(pf1 + j, 0, 2);

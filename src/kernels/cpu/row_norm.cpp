@@ -199,10 +199,8 @@ struct BackwardRow {
 // double sums of the current slot (bind) every kParamRows rows and at the end of a segment.
 struct ParamSums {
   int64_t h;
-  // dgf starts on a cache line (a vector of it read and written across two lines costs both
-  // lines on every access, and this runs once per row-vector); dbf is 64 bytes further than h
-  // on: with h a multiple of 1024, dgf[j] and dbf[j] would be a multiple of 4 KiB apart, and the
-  // store to one would stall the load of the other.
+  // dbf is 64 bytes further than h on: with h a multiple of 1024, dgf[j] and dbf[j] would be
+  // a multiple of 4 KiB apart, and the store to one would stall the load of the other.
   std::vector<float> part;
   float* dgf;
   float* dbf;
@@ -210,12 +208,7 @@ struct ParamSums {
   double* db = nullptr;
   int pending = 0;
   explicit ParamSums(int64_t cols)
-      : h(cols), part(cols > 0 ? 2 * cols + 32 : 0, 0.0f), dgf(line_start(part.data())),
-        dbf(dgf + h + 16) {}
-  static float* line_start(float* p) {
-    const uintptr_t u = reinterpret_cast<uintptr_t>(p);
-    return p + ((64 - (u & 63)) & 63) / sizeof(float);
-  }
+      : h(cols), part(cols > 0 ? 2 * cols + 16 : 0, 0.0f), dgf(part.data()), dbf(dgf + h + 16) {}
   void bind(double* slot) {
     dg = slot;
     db = slot + h;
@@ -234,9 +227,7 @@ struct ParamSums {
 // Columns [j0, j1) of G rows in one pass: with kSums each row's block sums {sum g, sum g*xhat}
 // (float lanes in two chains, then added in W: block_sums' order exactly, so the same bits),
 // with kParams dgf += dy*xhat, dbf += dy, rows in order (the same bits as row by row).
-// kGamma: gamma is not null; kPf: every row's pfx is not null (both tested once, not per vector).
-template <int G, bool kSums, bool kParams, int kM, bool kGamma, bool kPf, class T, class P,
-          class W>
+template <int G, bool kSums, bool kParams, int kM, class T, class P, class W>
 inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_t j1, float* dgf,
                        float* dbf) {
   constexpr int64_t L = vf::L;
@@ -259,15 +250,14 @@ inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_
   auto step = [&](int64_t j, auto* u, auto* v) __attribute__((always_inline)) {
     using V = std::remove_reference_t<decltype(*u)>;
     V gm{}, pg{}, pb{};
-    if constexpr (kSums && kGamma) gm = load_as<V>(gamma + j);
+    if (kSums && gamma) gm = load_as<V>(gamma + j);
     if constexpr (kParams) pg = load_as<V>(dgf + j);
     if constexpr (kParams && kC) pb = load_as<V>(dbf + j);
     for (int i = 0; i < G; ++i) {
       const V d = load_as<V>(dr[i] + j);
       const V xhat = xhat_of<kM, V>(xr[i], j, mh[i], mt[i], rs[i]);
       if constexpr (kSums) {
-        V g = d;
-        if constexpr (kGamma) g = d * gm;
+        const V g = gamma ? d * gm : d;
         if constexpr (kC) u[i] += g;
         v[i] += g * xhat;
       }
@@ -281,9 +271,8 @@ inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_
   };
   int64_t j = j0;
   for (; j + 2 * L <= j1; j += 2 * L) {
-    if constexpr (kPf)
-      for (int i = 0; i < G; ++i)
-        __builtin_prefetch(px[i] + j, 0, 2), __builtin_prefetch(px[i] + j + L, 0, 2);
+    for (int i = 0; i < G; ++i)
+      if (px[i]) __builtin_prefetch(px[i] + j, 0, 2), __builtin_prefetch(px[i] + j + L, 0, 2);
     step(j, u0, v0);
     step(j + L, u1, v1);
   }
@@ -301,25 +290,12 @@ inline void group_pass(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_
     }
 }
 
-template <int G, bool kSums, bool kParams, int kM, class T, class P, class W>
-inline void group_pass_of(BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_t j1,
-                          float* dgf, float* dbf) {
-  // Prefetching only where every row of the group has a row to prefetch (the last group of a
-  // call, or of a chunk's rows, may not; it goes without).
-  bool pf = true;
-  for (int i = 0; i < G; ++i) pf = pf && rw[i].pfx;
-  if (gamma && pf) return group_pass<G, kSums, kParams, kM, true, true>(rw, gamma, j0, j1, dgf, dbf);
-  if (gamma) return group_pass<G, kSums, kParams, kM, true, false>(rw, gamma, j0, j1, dgf, dbf);
-  if (pf) return group_pass<G, kSums, kParams, kM, false, true>(rw, gamma, j0, j1, dgf, dbf);
-  return group_pass<G, kSums, kParams, kM, false, false>(rw, gamma, j0, j1, dgf, dbf);
-}
-
 template <bool kSums, bool kParams, int kM, class T, class P, class W>
 inline void group_pass(int g, BackwardRow<T, W>* rw, const P* gamma, int64_t j0, int64_t j1,
                        float* dgf, float* dbf) {
   static_assert(kGroup == 2, "one instance per group size up to kGroup");
-  if (g == 1) return group_pass_of<1, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
-  return group_pass_of<2, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
+  if (g == 1) return group_pass<1, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
+  return group_pass<2, kSums, kParams, kM>(rw, gamma, j0, j1, dgf, dbf);
 }
 
 // The backward apply over a range of rows. Each row needs its sums before its dx, so:
@@ -394,24 +370,16 @@ struct BackwardRows {
         const T* p1 = ga == 0 && w.pfx ? w.pfx + lo : none;
         const T* p2 = ga == 0 && w.pfy ? w.pfy + lo : none;
         if (i < ga && A[i].pfy) p2 = A[i].pfy + lo;
-        // With and without gamma: two loops, not a test per vector.
-        auto dx_row = [&](auto with_gamma) {
-          write_row<true>(w.dx + lo, hi - lo, stream, p1, p2, [=](int64_t j, auto tag) {
-            using V = decltype(tag);
-            const V xhat = xhat_of<kM, V>(xr, j, mh, mt, rs);
-            const V d = load_as<V>(dyr + j);
-            V g = d;
-            if constexpr (decltype(with_gamma)::value) g = d * load_as<V>(gm + j);
-            if constexpr (kC)
-              return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
-            else
-              return splat<V>(rs) * (g - xhat * splat<V>(c2));
-          });
-        };
-        if (gm)
-          dx_row(std::true_type{});
-        else
-          dx_row(std::false_type{});
+        write_row(w.dx + lo, hi - lo, stream, p1, p2, [=](int64_t j, auto tag) {
+          using V = decltype(tag);
+          const V xhat = xhat_of<kM, V>(xr, j, mh, mt, rs);
+          const V d = load_as<V>(dyr + j);
+          const V g = gm ? d * load_as<V>(gm + j) : d;
+          if constexpr (kC)
+            return splat<V>(rs) * ((g - splat<V>(c1)) - xhat * splat<V>(c2));
+          else
+            return splat<V>(rs) * (g - xhat * splat<V>(c2));
+        });
       }
     }
   }
@@ -571,7 +539,7 @@ void row_apply_forward(const RowNormArgs& a, const T* x, const P* gamma, const P
       const T* pf = !a.pf_x ? ahead(a, x, r)
                     : r < a.pf_rows ? static_cast<const T*>(a.pf_x) + r * h
                                     : nullptr;
-      write_row<true>(y + r * h, h, stream, pf, static_cast<const T*>(nullptr),
+      write_row(y + r * h, h, stream, pf, static_cast<const T*>(nullptr),
                 [=](int64_t j, auto tag) {
                   using V = decltype(tag);
                   const V xhat = xhat_at<V>(xr, j, mh, mt, rs);
