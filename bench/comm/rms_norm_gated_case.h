@@ -29,7 +29,7 @@ constexpr int64_t kGroups = 8;
 class GatedCase : public BenchCase {
  public:
   GatedCase(const BenchConfig& c, int rank, int size)
-      : cfg_(c), R_(c.rows), H_(c.hidden), G_(H_ % kGroups == 0 ? kGroups : 1) {
+      : cfg_(c), R_(c.rows), H_(c.hidden), G_(H_ % kGroups == 0 ? kGroups : 1), P_(size) {
     const auto split = tpnorm_test::split_even(H_, size);
     c0_ = split.offset[rank];
     h_ = split.count[rank];
@@ -87,11 +87,13 @@ class GatedCase : public BenchCase {
   }
 
   // tpnorm/rms_norm_gated.h: one value per (row, group), forward and backward alike;
-  // Stats::kExact 8 int64 per (row, group) forward, 6 backward.
+  // Stats::kExact 8 int64 per (row, group) forward, 6 backward; at P > 1 the slice table,
+  // 2 values per rank.
   uint64_t payload_values(bool forward) const override {
     const auto slots = static_cast<uint64_t>(R_ * G_);
-    if (cfg_.stats == tpnorm::Stats::kExact) return slots * (forward ? 8 : 6);
-    return slots;
+    const uint64_t table = P_ > 1 ? 2 * static_cast<uint64_t>(P_) : 0;
+    if (cfg_.stats == tpnorm::Stats::kExact) return slots * (forward ? 8 : 6) + table;
+    return slots + table;
   }
 
  protected:
@@ -103,7 +105,9 @@ class GatedCase : public BenchCase {
   }
 
   BenchConfig cfg_;
-  int64_t R_, H_, G_, c0_ = 0, h_ = 0;
+  int64_t R_, H_, G_;
+  int P_;
+  int64_t c0_ = 0, h_ = 0;
   std::vector<float> X_, Z_, DY_, W_, rstd_;
   Buffer x_, z_, dy_, w_, y_, dx_, dz_, dw_;
 };

@@ -7,9 +7,9 @@
 // statistics of every item into one buffer and make exactly ONE all_reduce_sum.
 //
 // Item i is x_i [rows_i, hidden_local_i] with the formulas of norm.h (LayerNorm when
-// centered, RMSNorm otherwise), n_i = sum over ranks of hidden_local_i. Rows, centered and
-// gamma/beta presence of each item must agree across ranks; hidden_local_i may differ by rank
-// and may be 0. Items may have different storage dtypes and saved-statistics dtypes. All items
+// centered, RMSNorm otherwise), n_i = sum over ranks of hidden_local_i, which must equal the
+// item's hidden_size when it is given (> 0). Rows, centered, hidden_size and gamma/beta presence
+// of each item must agree across ranks; hidden_local_i may differ by rank and may be 0. Items may have different storage dtypes and saved-statistics dtypes. All items
 // share NormOptions (eps, stats mode, threads).
 //
 // Payload per rank per call, in values of the wire type (float64 robust, float32 naive):
@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "tpnorm/communicator.h"
 #include "tpnorm/norm.h"
@@ -37,6 +38,10 @@ struct RowNormItem {
   TensorView y;          ///< [out] [rows, hidden_local], x's dtype
   TensorView mean;       ///< [out] [rows] float32/float64 or absent (LayerNorm only)
   TensorView rstd;       ///< [out] [rows] float32/float64 or absent
+  /// The item's whole hidden size, which the ranks' hidden_local must add up to (checked on the
+  /// summed count, the same error on every rank otherwise, as NormOptions::hidden_size does
+  /// for one norm); 0: not checked.
+  int64_t hidden_size = 0;
 };
 
 /// One backward item; views as in layer_norm_backward (mean and dbeta ignored for RMSNorm).
@@ -50,6 +55,7 @@ struct RowNormGradItem {
   TensorView dx;      ///< [out] [rows, hidden_local]
   TensorView dgamma;  ///< [out] [hidden_local] or absent: sum over this rank's rows
   TensorView dbeta;   ///< [out] [hidden_local] or absent (LayerNorm only)
+  int64_t hidden_size = 0;  ///< as RowNormItem::hidden_size
 };
 
 /// Forward of `count` items with one collective. [in] items: `count` entries (may be null

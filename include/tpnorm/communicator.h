@@ -213,4 +213,14 @@ class Communicator {
 /// makes every op fail with a message that says so.
 std::unique_ptr<Communicator> make_single_communicator(Device device = Device::cpu());
 
+/// Where this rank's slice of a sharded dimension of `total` elements starts when the ranks
+/// hold consecutive slices in rank order: the sum of the lower ranks' `count`s (rank 0: 0).
+/// For ops that take a slice's offset (tpnorm/group_norm.h, tpnorm/rms_norm_gated.h) when each
+/// rank knows only its own size: call it once per layout (e.g. when a layer is built), not per
+/// call. Collective over `comm`: one all_reduce_sum of 2P float64 values (on a device
+/// communicator, its host control sum). Throws the same tpnorm::Error (kInvalidArgument) on
+/// every rank when a count is negative, the ranks pass different totals, or the counts do not
+/// add up to `total`.
+int64_t slice_offset(Communicator& comm, int64_t count, int64_t total);
+
 }  // namespace tpnorm

@@ -15,18 +15,20 @@
 //   InstanceNorm is GroupNorm with G = C (one channel per group, never spanning ranks).
 //
 // Collectives: exactly ONE all_reduce_sum per forward and per backward. Its payload carries
-// the partials of EVERY (sample, group), N * G * 2 values (+ the call header H = 10 or 2), of
-// the wire type (float64 robust / float32 naive), zeros for groups this rank holds no channel
-// of; Stats::kExact sends N * G * 13 int64 forward and N * G * 11 backward (the integer sums
+// the partials of EVERY (sample, group), N * G * 2 values (+ the call header H = 10 or 2, and at
+// P > 1 the slice table: every rank's [offset, offset + C_local), 2P values), of the wire type
+// (float64 robust / float32 naive), zeros for groups this rank holds no channel of; Stats::kExact sends N * G * 13 int64 forward and N * G * 11 backward (the integer sums
 // that give the same bits at every world size, see tpnorm/norm.h). Cost: each rank sends about P
 // times the values it owns (a rank touches roughly G/P + 1 groups), in exchange for one
 // latency-bound collective whose layout is the same on every rank. Sending only touched groups
 // would need per-group sub-communicators or point-to-point messages (many latency-bound steps), and
 // N*G*2 values are small next to the activations (N = 32, G = 32: 16 KiB in float64).
 //
-// Ranks must agree on N, C, G, S, dtype, eps, the stats mode and gamma/beta presence. Each
-// slice must lie inside [0, C) and the slices' channel counts must add up to C (checked on the
-// reduced count); overlapping slices whose counts still add up to C are NOT detected. dtypes: x, y,
+// Ranks must agree on N, C, G, S, dtype, eps, the stats mode and gamma/beta presence. The
+// slices must tile [0, C): no gap, no overlap, in any order (checked on the summed slice table,
+// the same tpnorm::Error on every rank otherwise; on device communicators only their channel
+// counts are checked so far). slice_offset (tpnorm/communicator.h) gives consecutive slices in
+// rank order from each rank's C_local. dtypes: x, y,
 // dy, dx, gamma, beta, dgamma, dbeta share one storage dtype (fp32, fp16, bf16, or fp64 as in
 // tpnorm/norm.h); mean / rstd
 // float32 or float64 [N, G] (all groups, the same on every rank). Errors: tpnorm::Error on every

@@ -23,11 +23,14 @@
 // Collectives: exactly ONE all_reduce_sum per forward and per backward, whose payload carries
 // one statistic of EVERY (row, group), rows * G values with G = hidden / group_size (+ the call
 // header H = 10 or 2, see call_header_values), of the wire type: float64 for Stats::kRobust,
-// float32 for Stats::kNaive; slots of groups this rank holds no channel of are zeros. Bytes sent
-// per rank: 8 * (rows * G + H) robust, 4 * (rows * G + H) naive. When every group lies inside
-// one rank (G a multiple of P with even slices) the statistics of other ranks are zeros and the
-// call still makes its one collective: it checks the arguments agree on every rank and that the
-// slices tile [0, hidden). Stats::kExact sends int64 limbs: 8 per (row, group) forward and 6
+// float32 for Stats::kNaive; slots of groups this rank holds no channel of are zeros; at P > 1
+// the slice table follows (every rank's [offset, offset + c_local), T = 2P values). Bytes sent
+// per rank: 8 * (rows * G + H + T) robust, 4 * (rows * G + H + T) naive. When every group lies
+// inside one rank (G a multiple of P with even slices) the statistics of other ranks are zeros
+// and the call still makes its one collective: it checks the arguments agree on every rank and
+// that the slices tile [0, hidden) with no gap and no overlap (on host communicators; on device
+// ones only their channel counts so far). slice_offset (tpnorm/communicator.h) gives
+// consecutive slices in rank order from each rank's c_local. Stats::kExact sends int64 limbs: 8 per (row, group) forward and 6
 // backward (the integer sums of tpnorm/norm.h's RMSNorm): the same bits at every world size and
 // split, for y, rstd, dx, dz and dweight.
 //

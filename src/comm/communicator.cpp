@@ -6,8 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "comm/device_comm.h"
 #include "common/check.h"
+#include "tpnorm/error.h"
 
 namespace tpnorm {
 
@@ -107,6 +111,37 @@ class SingleCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_single_communicator(Device device) {
   return std::make_unique<SingleCommunicator>(device);
+}
+
+int64_t slice_offset(Communicator& comm, int64_t count, int64_t total) {
+  const int P = comm.size();
+  const int r = comm.rank();
+  // Every rank's (count, total) in its own slot: after the sum each rank holds all of them and
+  // reaches the same verdict.
+  std::vector<double> t(2 * static_cast<size_t>(P), 0.0);
+  t[2 * static_cast<size_t>(r)] = static_cast<double>(count);
+  t[2 * static_cast<size_t>(r) + 1] = static_cast<double>(total);
+  if (P > 1) {
+    if (auto* dev = dynamic_cast<detail::DeviceCommunicator*>(&comm))
+      dev->control_all_reduce_sum(t.data(), t.size());
+    else
+      comm.all_reduce_sum(t.data(), t.size(), DType::F64);
+  }
+  double sum = 0, below = 0;
+  bool bad = false;
+  std::ostringstream sizes;
+  for (int q = 0; q < P; ++q) {
+    const double c = t[2 * static_cast<size_t>(q)], n = t[2 * static_cast<size_t>(q) + 1];
+    bad = bad || c < 0 || n != t[1];
+    sum += c;
+    if (q < r) below += c;
+    sizes << (q ? ", " : "") << static_cast<int64_t>(c) << " of " << static_cast<int64_t>(n);
+  }
+  if (bad || sum != t[1])
+    throw Error(ErrorCode::kInvalidArgument,
+                "tpnorm: slice_offset: the ranks' slices (count of total, by rank: " +
+                    sizes.str() + ") do not add up to one total");
+  return static_cast<int64_t>(below);
 }
 
 namespace detail {

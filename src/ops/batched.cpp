@@ -94,6 +94,7 @@ class BatchedOp final : public OpSpec {
     total_ = count;  // the K column counts come first
     for (size_t i = 0; i < count; ++i) {
       args_.push_back(Stages::args(items[i]));
+      hidden_.push_back(items[i].hidden_size);
       offsets_.push_back(total_);
       total_ += args_.back().stat_values(opt.stats);
 #ifdef TPNORM_WITH_CUDA
@@ -116,8 +117,9 @@ class BatchedOp final : public OpSpec {
     int64_t rows_total = 0;
     for (const auto& a : args_) {
       rows_total += a.g.rows;
+      const size_t i = static_cast<size_t>(&a - args_.data());
       const int64_t fields[] = {a.g.rows, a.centered, static_cast<int64_t>(a.x.dtype),
-                                a.gamma.present()};
+                                a.gamma.present(), hidden_[i]};
       digest = fnv1a(digest, fields, sizeof fields);
     }
     call.agree("items", static_cast<double>(items_ ? count_ : 0));
@@ -146,16 +148,26 @@ class BatchedOp final : public OpSpec {
       Stages::partial(args_[i], call.wire(), at(call, offsets_[i]), opt_);
     }
   }
+  // Every item's summed count is checked before any item is written: a failed call leaves
+  // every output untouched.
   void apply(PackedCall& call) override {
+    std::vector<double> n(args_.size());
     for (size_t i = 0; i < args_.size(); ++i) {
-      double n = 0;
       if (call.wire() == DType::I64)
-        n = static_cast<double>(call.payload<int64_t>()[i]);
+        n[i] = static_cast<double>(call.payload<int64_t>()[i]);
       else
-        dispatch_acc(call.wire(), [&](auto w) { n = call.payload<decltype(w)>()[i]; });
-      check_naive_count(opt_.stats, n, name(), "row");
-      Stages::apply(args_[i], call.wire(), at(call, offsets_[i]), n, opt_);
+        dispatch_acc(call.wire(), [&](auto w) { n[i] = call.payload<decltype(w)>()[i]; });
+      check_naive_count(opt_.stats, n[i], name(), "row");
+      if (hidden_[i] > 0 && n[i] != static_cast<double>(hidden_[i]))
+        throw Error(ErrorCode::kInvalidArgument,
+                    std::string("tpnorm: ") + name() + ": items[" + std::to_string(i) +
+                        "]: the ranks' slices of the hidden dimension add up to " +
+                        std::to_string(static_cast<int64_t>(n[i])) +
+                        " elements per row, but its hidden size is " +
+                        std::to_string(hidden_[i]));
     }
+    for (size_t i = 0; i < args_.size(); ++i)
+      Stages::apply(args_[i], call.wire(), at(call, offsets_[i]), n[i], opt_);
   }
 
 #ifdef TPNORM_WITH_CUDA
@@ -199,6 +211,7 @@ class BatchedOp final : public OpSpec {
   size_t count_;
   NormOptions opt_;
   std::vector<typename Stages::Args> args_;
+  std::vector<int64_t> hidden_;  // each item's hidden size (0: not checked)
   std::vector<size_t> offsets_;  // of each item's statistics, in payload values
   size_t total_ = 0;
 #ifdef TPNORM_WITH_CUDA

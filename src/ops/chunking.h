@@ -71,6 +71,10 @@ struct Rule {
 /// chunks the calls of at least 4 L2s of re-read input per rank at P >= 2: measured faster than
 /// one collective with 2 ranks on 2 cores, 4096 x 2048 per rank and larger. docs/measurements.md
 /// has these measurements.
+/// The L2 size the runner plans host chunks for, on every machine alike (the plan must be the
+/// same on every rank, whatever CPU each runs on): that of the cores the rule was measured on.
+constexpr int64_t kHostRuleL2 = int64_t{1} << 20;
+
 inline Rule host_rule(int64_t l2_bytes) {
   Rule r;
   const int64_t l2 = std::max<int64_t>(int64_t{256} << 10, l2_bytes);

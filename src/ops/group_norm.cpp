@@ -66,6 +66,7 @@ struct Grouping {
 struct GroupForward {
   Grouping grp;
   TensorView beta, y, mean, rstd;
+  bool instance = false;  ///< InstanceNorm: one spatial element is refused, as torch does
 };
 
 struct GroupBackward {
@@ -103,11 +104,13 @@ void agree_grouping(PackedCall& call, const Grouping& grp) {
 }
 
 // 2 values per (sample, group); the local count is this rank's channels, which summed over the
-// ranks must be all channels (the slices tile [0, C)).
+// ranks must be all channels, and the slice table says where they are (the slices tile [0, C)).
 // Stats::kExact: int64 limbs of each slot's exact sums instead (kernels/cpu/exact_groups.h).
 PayloadSize grouping_payload(const Grouping& grp, bool forward) {
   const int per = grp.opt.stats == Stats::kExact ? tpnorm::exact::moment_limbs(forward) : 2;
-  return {static_cast<size_t>(grp.g.ng * per), static_cast<double>(grp.g.c_local)};
+  PayloadSize p{static_cast<size_t>(grp.g.ng * per), static_cast<double>(grp.g.c_local)};
+  p.slice = {"channel", grp.cg.channel_offset, grp.g.c_local, grp.g.channels};
+  return p;
 }
 
 // Elements per group, checked against the naive mode's limit (every rank agrees on it).
@@ -170,6 +173,11 @@ class GroupForwardOp final : public SpecOf<GroupForward> {
     const DType saved = saved_dtype(args_.mean, args_.rstd);
     v.eps(grp.opt.eps);
     validate_grouping(v, grp);
+    // torch's F.instance_norm refuses it (its statistics would be the element itself: y = 0);
+    // spatial is agreed, so every rank fails here together.
+    if (v.ok() && args_.instance && grp.g.spatial == 1 && grp.g.n * grp.g.channels > 0)
+      v.fail("x", "has one spatial element per channel (" + grp.x.shape.str() +
+                      "): InstanceNorm expects more than 1 spatial element when training");
     v.like("y", args_.y, grp.x);
     v.optional("gamma", grp.gamma, grp.g.c_local, grp.x.dtype);
     v.optional("beta", args_.beta, grp.g.c_local, grp.x.dtype);
@@ -313,6 +321,17 @@ ChannelGroups per_channel(const TensorView& x, ChannelGroups cg) {
   return cg;
 }
 
+PendingCall start_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
+                          const TensorView& gamma, const TensorView& beta, const TensorView& y,
+                          const TensorView& mean, const TensorView& rstd, const NormOptions& opt,
+                          bool instance) {
+  return detail::start_op(
+      comm, std::make_unique<detail::GroupForwardOp>(
+                "group_norm_forward", opt,
+                detail::GroupForward{{x, cg, gamma, opt}, beta, y, mean, rstd, instance},
+                detail::kForwardDevice));
+}
+
 }  // namespace
 
 PendingCall group_norm_forward_start(Communicator& comm, const TensorView& x,
@@ -320,10 +339,7 @@ PendingCall group_norm_forward_start(Communicator& comm, const TensorView& x,
                                      const TensorView& beta, const TensorView& y,
                                      const TensorView& mean, const TensorView& rstd,
                                      const NormOptions& opt) {
-  return detail::start_op(comm, std::make_unique<detail::GroupForwardOp>(
-                                    "group_norm_forward", opt,
-                                    detail::GroupForward{{x, cg, gamma, opt}, beta, y, mean, rstd},
-                                    detail::kForwardDevice));
+  return start_forward(comm, x, cg, gamma, beta, y, mean, rstd, opt, false);
 }
 
 void group_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,
@@ -358,7 +374,7 @@ PendingCall instance_norm_forward_start(Communicator& comm, const TensorView& x,
                                         const TensorView& beta, const TensorView& y,
                                         const TensorView& mean, const TensorView& rstd,
                                         const NormOptions& opt) {
-  return group_norm_forward_start(comm, x, per_channel(x, cg), gamma, beta, y, mean, rstd, opt);
+  return start_forward(comm, x, per_channel(x, cg), gamma, beta, y, mean, rstd, opt, true);
 }
 
 void instance_norm_forward(Communicator& comm, const TensorView& x, const ChannelGroups& cg,

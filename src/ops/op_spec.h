@@ -27,6 +27,7 @@
 #include "common/nvtx.h"
 #include "ops/chunking.h"
 #include "ops/packed_call.h"
+#include "ops/slices.h"
 #include "ops/validate.h"
 #include "tpnorm/communicator.h"
 #include "tpnorm/norm.h"
@@ -64,6 +65,11 @@ struct PayloadSize {
   size_t values = 0;          ///< payload values of the wire type after the call header
   double local_count = 0;     ///< this rank's element count per statistic set (header [1])
   size_t device_scratch = 0;  ///< device calls: scratch bytes after the payload (call.scratch())
+  /// A spec whose ranks hold slices of a dimension at offsets of their own (GroupNorm's
+  /// channels, the gated RMSNorm's): the runner appends the slice table (ops/slices.h) to the
+  /// payload and checks, after the reduce, that the slices tile the dimension. Not for
+  /// chunkable specs.
+  Slice slice = {};
 };
 
 /// Rows [begin, end) of a chunked call (ops/chunking.h): the runner runs partial_rows on each
@@ -264,6 +270,10 @@ class StartedOp {
   int64_t rows_ = 0, width_ = 0;
   int64_t partials_ = 0;  // chunks whose partial has run
   std::vector<Communicator::Request> sums_;  // started chunk sums, in chunk order
+  // The slice table (ops/slices.h) after the op's payload: this rank's slice, where the table
+  // starts, and its values (0: none).
+  Slice slice_;
+  size_t table_at_ = 0, table_values_ = 0;
 };
 
 /// Starts `op` on `comm` for the split-phase API (tpnorm/split.h); the handle owns the spec.

@@ -4,6 +4,7 @@
 #include "ops/caller_failure.h"
 
 #ifdef TPNORM_WITH_CUDA
+#include "common/cuda_check.h"
 #include "kernels/cuda/call_header.h"
 #endif
 
@@ -129,6 +130,31 @@ void PackedCall::prepare(size_t payload_values, double local_count, size_t scrat
   region_owner_ = dev_;
   region_ = dev_base_;
   scratch_ = static_cast<char*>(dev_base_) + at;
+}
+
+void PackedCall::write_payload(size_t at, const double* values, size_t n) {
+  if (n == 0) return;
+  if (!dev_) {
+    for (size_t i = 0; i < n; ++i) store(payload_data(), wire_, at + i, values[i]);
+    return;
+  }
+#ifdef TPNORM_WITH_CUDA
+  using kernels::cuda::Wire;
+  const Wire w = wire_ == DType::I64 ? Wire::kI64 : wire_ == DType::F64 ? Wire::kF64 : Wire::kF32;
+  const DeviceGuard guard(dev_->device_index());
+  kernels::cuda::write_values(static_cast<char*>(payload_data()) + at * dtype_size(wire_), w,
+                              values, static_cast<int64_t>(n), dev_->stream());
+#else
+  throw Error(ErrorCode::kInternal, "tpnorm: a device call in a build without CUDA");
+#endif
+}
+
+std::vector<double> PackedCall::read_payload(size_t at, size_t n) const {
+  std::vector<double> v(n);
+  const void* p = static_cast<const char*>(static_cast<const void*>(bytes_.data())) +
+                  header_values_ * dtype_size(wire_);
+  for (size_t i = 0; i < n; ++i) v[i] = load(p, wire_, at + i);
+  return v;
 }
 
 void PackedCall::prepare_local_scratch(DeviceCommunicator& dev, size_t scratch_bytes) {

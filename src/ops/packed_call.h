@@ -110,6 +110,15 @@ class PackedCall {
   void* scratch() const { return scratch_; }
   DType wire() const { return wire_; }
   size_t payload_values() const { return payload_values_; }
+  /// This rank and the number of ranks of the call's communicator.
+  int rank() const { return comm_.rank(); }
+  int ranks() const { return comm_.size(); }
+  /// Writes `n` values (given as doubles) into the payload from payload value `at`, in the
+  /// wire type: on the host at once, on a device enqueued on its stream (the values travel as
+  /// kernel arguments). Throws tpnorm::Error if a device write cannot be enqueued.
+  void write_payload(size_t at, const double* values, size_t n);
+  /// Host calls, after the reduce: `n` summed payload values from `at`, as doubles.
+  std::vector<double> read_payload(size_t at, size_t n) const;
 
   /// The ONE collective of the call (plus the strict pre-check while strict). Throws the same
   /// tpnorm::Error on every rank when any rank failed or the ranks disagree.

@@ -112,10 +112,13 @@ void agree_gating(PackedCall& call, const Gating& gt) {
 }
 
 // One value per (row, group), or Stats::kExact's limbs of it; the local count is this rank's
-// channels, which summed over the ranks must be all channels (the slices tile [0, hidden)).
+// channels, which summed over the ranks must be all channels, and the slice table says where
+// they are (the slices tile [0, hidden)).
 PayloadSize gating_payload(const Gating& gt, bool forward) {
   const int per = gt.opt.stats == Stats::kExact ? kc::exact_row_limbs(false, forward) : 1;
-  return {static_cast<size_t>(gt.g.slots * per), static_cast<double>(gt.g.c_local)};
+  PayloadSize p{static_cast<size_t>(gt.g.slots * per), static_cast<double>(gt.g.c_local)};
+  p.slice = {"channel", gt.gg.offset, gt.g.c_local, gt.g.hidden};
+  return p;
 }
 
 // After the reduce: the ranks' channel slices must tile [0, hidden); returns the channels per

@@ -9,7 +9,6 @@
 
 #include "common/exact_sum.h"
 #include "common/nvtx.h"
-#include "kernels/cpu/loops.h"
 #include "ops/op_spec.h"
 #include "tpnorm/error.h"
 
@@ -77,9 +76,12 @@ const char* traced(const Communicator& comm, const OpSpec& op) {
   return comm.device().kind != DeviceKind::CPU ? op.name() : nullptr;
 }
 
-// The chunk rule (ops/chunking.h): on a host, chunks of half this core's L2 (host_rule), auto
+// The chunk rule (ops/chunking.h): on a host, chunks of half of a 1 MiB L2 (host_rule), auto
 // on (measured to pay at 2 ranks); on a device, chunks of a quarter of an H200's 50 MB L2, auto
-// off (not measured yet; TPNORM_CHUNK=on uses that size).
+// off (not measured yet; TPNORM_CHUNK=on uses that size). The plan decides how many
+// collectives a call makes, so it must not depend on what one process reads of its own
+// machine: the host rule takes the L2 of the cores it was measured on (1 MiB), not this
+// core's, so that ranks on unlike CPUs (a job across unlike nodes) plan the same chunks.
 chunking::Rule chunk_rule(bool on_device) {
   if (on_device) {
     chunking::Rule r;
@@ -87,7 +89,7 @@ chunking::Rule chunk_rule(bool on_device) {
     r.chunk_bytes = int64_t{12} << 20;
     return r;
   }
-  static const chunking::Rule host = chunking::host_rule(kernels::cpu::l2_cache_bytes());
+  static const chunking::Rule host = chunking::host_rule(chunking::kHostRuleL2);
   return host;
 }
 
@@ -217,7 +219,15 @@ void StartedOp::start() {
   if (on_device_ && op_.collective() && comm_.size() > 1 && dev_->capturing() &&
       dev_->control_while_capturing())
     call_.force_strict();
-  const PayloadSize size = op_.payload();
+  PayloadSize size = op_.payload();
+  // The slice table (ops/slices.h) rides after the op's payload: every rank's slice, checked
+  // after the reduce, so that slices that overlap or leave a gap fail on every rank.
+  if (size.slice.present() && op_.collective() && !chunkable) {
+    slice_ = size.slice;
+    table_at_ = size.values;
+    table_values_ = slice_table_values(comm_.size());
+    size.values += table_values_;
+  }
   if (on_device_ && op_.collective()) {
     prepare_device(call_, comm_, *dev_, size);
   } else {
@@ -282,6 +292,10 @@ void StartedOp::start() {
         op_.partial_device(call_, *dev_);
       else
         op_.partial(call_);
+      if (table_values_ > 0) {
+        const std::vector<double> row = slice_table(slice_, comm_.rank(), comm_.size());
+        call_.write_payload(table_at_, row.data(), row.size());
+      }
     } catch (const Error& e) {
       call_.fail(e.what(), e.code());
     } catch (const std::exception& e) {
@@ -404,6 +418,11 @@ void StartedOp::finish() {
     nvtx::Phase phase(trace_, "collective");
     call_.finish_reduce();
   }
+  // On a host the summed slice table is read here; a device call's table is summed with the
+  // rest and its count checked on device (the header's).
+  if (table_values_ > 0 && !on_device_)
+    check_slice_table(call_.read_payload(table_at_, table_values_), comm_.size(), slice_,
+                      op_.name());
   {
     nvtx::Phase phase(trace_, "apply");
     if (on_device_)

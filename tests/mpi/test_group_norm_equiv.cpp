@@ -64,9 +64,11 @@ TEST_P(GroupNormEquivalence, MatchesUnshardedReference) {
   const GroupOut got = run_group(
       *world, st, channel_slice(x, k.n, k.c, k.s, c0, nc), channel_slice(gamma, 1, k.c, 1, c0, nc),
       channel_slice(beta, 1, k.c, 1, c0, nc), channel_slice(dy, k.n, k.c, k.s, c0, nc));
-  // One collective per call carrying every (sample, group): 2*N*G + 10 float64 values.
+  // One collective per call carrying every (sample, group): 2*N*G + 10 float64 values, and
+  // at P > 1 the slice table (2 values per rank).
+  const uint64_t table = world->size() > 1 ? 2u * static_cast<uint64_t>(world->size()) : 0;
   EXPECT_EQ(world->counters().calls, 2u);
-  EXPECT_EQ(world->counters().bytes_sent, 2u * (2 * k.n * groups + 10) * 8);
+  EXPECT_EQ(world->counters().bytes_sent, 2u * (2 * k.n * groups + 10 + table) * 8);
 
   const GroupRef ref = group_norm_reference(x, k.n, k.c, k.s, groups, gamma, beta, 1e-5, dy);
   const double rt = storage_rtol(k.dt);
@@ -101,17 +103,20 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& i) { return std::string(i.param.name); });
 
 // Channel slices that cannot tile [0, C) fail on every rank: a slice past the end on one rank
-// (a local check), or slices whose channel counts do not add up to C (checked on the reduced
-// count, so every rank sees it).
+// (a local check), slices whose channel counts do not add up to C, or slices that overlap
+// while their counts add up (both checked on the summed slice table, so every rank sees it).
 TEST(GroupNormAgreement, BadSlicesFailEveryRank) {
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   const int P = world_size(), me = world_rank();
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 3; ++variant) {
+    if (variant == 2 && P == 1) continue;  // one rank cannot overlap itself
     GroupSetup st;
     st.n = 1;
     st.c_local = variant == 1 && me == 0 ? 0 : 1;  // variant 1: P - 1 channels of P
     st.s = 4;
-    st.cg = {1, P, variant == 0 && me == 0 ? P : me};  // variant 0: rank 0 past the end
+    // variant 0: rank 0 past the end; variant 2: every rank at offset 0 (the counts add up to
+    // C, the slices overlap)
+    st.cg = {1, P, variant == 0 && me == 0 ? P : variant == 2 ? 0 : me};
     st.backward = false;
     std::string msg;
     try {
@@ -120,8 +125,10 @@ TEST(GroupNormAgreement, BadSlicesFailEveryRank) {
       msg = e.what();
     }
     EXPECT_EQ(sum_over_ranks(msg.empty() ? 1 : 0), 0) << "a rank did not fail";
-    EXPECT_NE(msg.find(variant == 0 ? "channel_offset" : "channel slices hold"), std::string::npos)
-        << msg;
+    const char* want = variant == 0   ? "offset"
+                       : variant == 1 ? (P == 1 ? "channel slices hold" : "are held by no rank")
+                                      : "is held by more than one rank";
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
   }
 }
 

@@ -79,10 +79,12 @@ TEST_P(RmsNormGatedEquivalence, MatchesUnshardedReference) {
   // One collective per call carrying every (row, group): rows * G values + a 10-value header,
   // float64 (robust), float32 (naive) or int64 limbs (exact: 8 per slot forward, 6 backward).
   EXPECT_EQ(world->counters().calls, 2u);
+  // At P > 1 the slice table follows: 2 values per rank.
   const uint64_t slots = k.rows * groups;
-  const uint64_t want_bytes = k.stats == Stats::kExact ? (slots * 8 + 10) * 8 + (slots * 6 + 10) * 8
-                              : k.stats == Stats::kNaive ? 2 * (slots + 10) * 4
-                                                         : 2 * (slots + 10) * 8;
+  const uint64_t h = 10 + (world->size() > 1 ? 2u * static_cast<uint64_t>(world->size()) : 0);
+  const uint64_t want_bytes = k.stats == Stats::kExact ? (slots * 8 + h) * 8 + (slots * 6 + h) * 8
+                              : k.stats == Stats::kNaive ? 2 * (slots + h) * 4
+                                                         : 2 * (slots + h) * 8;
   EXPECT_EQ(world->counters().bytes_sent, want_bytes);
 
   const GatedRef ref = rms_norm_gated_reference(x, z, k.rows, k.hidden, k.group_size,
@@ -156,16 +158,20 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& i) { return std::string(i.param.name); });
 
 // Channel slices that cannot tile [0, hidden) fail on every rank: a slice past the end on one
-// rank (a local check), or slices whose channel counts do not add up to hidden (checked on the
-// reduced count, so every rank sees it).
+// rank (a local check), slices whose channel counts do not add up to hidden, or slices that
+// overlap while their counts add up (both checked on the summed slice table, so every rank
+// sees it).
 TEST(RmsNormGatedAgreement, BadSlicesFailEveryRank) {
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   const int P = world_size(), me = world_rank();
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 3; ++variant) {
+    if (variant == 2 && P == 1) continue;  // one rank cannot overlap itself
     GatedSetup st;
     st.rows = 2;
-    st.c_local = variant == 1 && me == 0 ? 0 : 1;             // variant 1: P - 1 channels of P
-    st.gg = {P, P, variant == 0 && me == 0 ? P : me, false};  // variant 0: rank 0 past the end
+    st.c_local = variant == 1 && me == 0 ? 0 : 1;  // variant 1: P - 1 channels of P
+    // variant 0: rank 0 past the end; variant 2: every rank at offset 0 (the counts add up to
+    // hidden, the slices overlap)
+    st.gg = {P, P, variant == 0 && me == 0 ? P : variant == 2 ? 0 : me, false};
     st.backward = false;
     std::string msg;
     try {
@@ -175,7 +181,10 @@ TEST(RmsNormGatedAgreement, BadSlicesFailEveryRank) {
       msg = e.what();
     }
     EXPECT_EQ(sum_over_ranks(msg.empty() ? 1 : 0), 0) << "a rank did not fail";
-    EXPECT_NE(msg.find(variant == 0 ? "offset" : "channel slices hold"), std::string::npos) << msg;
+    const char* want = variant == 0   ? "offset"
+                       : variant == 1 ? (P == 1 ? "channel slices hold" : "are held by no rank")
+                                      : "is held by more than one rank";
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
   }
 }
 
