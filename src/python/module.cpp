@@ -28,20 +28,29 @@ namespace {
 
 using Obj = py::object;
 
-// tpnorm.Error: one exception type, a RuntimeError carrying the tpnorm::ErrorCode as .code.
+// tpnorm.Error: a RuntimeError carrying the tpnorm::ErrorCode as .code. An invalid argument
+// (ErrorCode::kInvalidArgument) is raised as its subclass tpnorm.InvalidArgumentError, which is
+// also a ValueError: where torch's own layers raise ValueError for a bad input (one value per
+// channel in training, say), tpnorm's raise an exception `except ValueError` catches too.
 py::exception<Error>* error_type = nullptr;
+PyObject* invalid_argument_type = nullptr;
 
 void set_error(const Error& e) {
-  auto exc =
-      py::reinterpret_steal<py::object>(PyObject_CallFunction(error_type->ptr(), "s", e.what()));
+  PyObject* type =
+      e.code() == ErrorCode::kInvalidArgument ? invalid_argument_type : error_type->ptr();
+  auto exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(type, "s", e.what()));
   if (!exc) return;  // the call failed and set its own Python error
   exc.attr("code") = static_cast<int>(e.code());
-  PyErr_SetObject(error_type->ptr(), exc.ptr());
+  PyErr_SetObject(type, exc.ptr());
 }
 
 void bind_errors(py::module_& m) {
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
   error_type = &error;
+  py::tuple bases = py::make_tuple(error, py::handle(PyExc_ValueError));
+  invalid_argument_type =
+      PyErr_NewException("tpnorm._tpnorm.InvalidArgumentError", bases.ptr(), nullptr);
+  m.attr("InvalidArgumentError") = py::handle(invalid_argument_type);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -82,6 +91,18 @@ void bind_communicators(py::module_& m) {
   m.def("nccl_unique_id", &nccl_unique_id);
   m.def("nccl_communicator", &nccl_communicator, arg("unique_id"), arg("rank"), arg("size"),
         arg("device"), arg("stream"));
+  m.def(
+      "slice_offset",
+      [](Communicator& c, int64_t count, int64_t total) {
+        py::gil_scoped_release nogil;
+        return slice_offset(c, count, total);
+      },
+      arg("comm"), arg("count"), arg("total"));
+  // A failure found in Python before an op call: the next op call on this thread fails with it
+  // on every rank (ops/caller_failure.h) instead of this rank raising alone.
+  m.def(
+      "set_caller_failure", [](const std::string& message) { set_pending_failure(message); },
+      arg("message"));
 }
 
 void bind_options(py::module_& m) {
@@ -176,8 +197,9 @@ void bind_row_norms(py::module_& m) {
 }
 
 // Several row norms in one collective (tpnorm/batched.h). An item is a tuple
-// (centered, x, gamma, beta, y, mean, rstd) forward, (centered, dy, x, gamma, mean, rstd, dx,
-// dgamma, dbeta) backward; None for an absent tensor, as in the single calls.
+// (centered, x, gamma, beta, y, mean, rstd, hidden_size) forward, (centered, dy, x, gamma, mean,
+// rstd, dx, dgamma, dbeta, hidden_size) backward; None for an absent tensor, as in the single
+// calls; hidden_size 0: not checked.
 void bind_batched(py::module_& m) {
   m.def("batched_norm_forward", [](Communicator& c, py::list items, const NormOptions& o) {
     TensorArgs a;
@@ -192,6 +214,7 @@ void bind_batched(py::module_& m) {
       it.y = a.add(t[4], "y");
       it.mean = a.add(t[5], "mean");
       it.rstd = a.add(t[6], "rstd");
+      it.hidden_size = t[7].cast<int64_t>();
       v.push_back(it);
     }
     a.run([&] { batched_norm_forward(c, v.data(), v.size(), o); });
@@ -211,6 +234,7 @@ void bind_batched(py::module_& m) {
       it.dx = a.add(t[6], "dx");
       it.dgamma = a.add(t[7], "dgamma");
       it.dbeta = a.add(t[8], "dbeta");
+      it.hidden_size = t[9].cast<int64_t>();
       v.push_back(it);
     }
     a.run([&] { batched_norm_backward(c, v.data(), v.size(), o); });

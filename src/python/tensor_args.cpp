@@ -142,8 +142,16 @@ TensorView TensorArgs::add(const DLTensor& t, const char* name) {
   return v;
 }
 
+namespace {
+thread_local std::string t_pending;
+}  // namespace
+
+void set_pending_failure(const std::string& message) { t_pending = message; }
+
 void TensorArgs::run(const std::function<void()>& op) {
-  detail::set_caller_failure(failure_);
+  std::string pending;
+  pending.swap(t_pending);
+  detail::set_caller_failure(pending.empty() ? failure_ : pending);
   try {
     py::gil_scoped_release nogil;
     op();

@@ -35,6 +35,11 @@ void bind_eager_api(pybind11::module_& m);
 /// mpi_info, cuda_info, nccl_info: the libraries the process loaded (runtime_info.cpp).
 void bind_runtime_info(pybind11::module_& m);
 
+/// A failure found in Python before an op call (tpnorm._tpnorm.set_caller_failure): the next
+/// TensorArgs::run on this thread hands it to its op (ahead of any of its own), so that it is
+/// the same tpnorm.Error on every rank instead of this rank raising alone.
+void set_pending_failure(const std::string& message);
+
 class TensorArgs {
  public:
   TensorArgs() = default;

@@ -51,6 +51,7 @@ def test_batched_row_norm_matches_torch_in_one_collective(comm, dtype):
     comm.set_strict_calls(0)  # no first-call check: the calls counted are the op's own
     c0 = comm.calls
     ys = tpnorm.batched_row_norm(xs, ws, bs, EPS, centered=[c for *_, c in items],
+                                 hidden_sizes=[X.shape[-1] for X, *_ in items],
                                  process_group=comm)
     c1 = comm.calls
     torch.autograd.backward(list(ys), [cols(d, r, P) for d in dys])

@@ -79,8 +79,8 @@ def _forward_samples(h):
                                                                 True, 0.1, 1e-5, "robust")),
         # a LayerNorm with weight and bias and an RMSNorm without weight, one collective
         "batched_row_norm": (lib.batched_row_norm, ([x, f], [w, b], [True, False],
-                                                    [True, False], [True, False], h, 1e-5,
-                                                    "robust")),
+                                                    [True, False], [True, False], [H, H], h,
+                                                    1e-5, "robust")),
     }
 
 

@@ -73,7 +73,8 @@ def test_functional_without_gate_and_one_collective(comm, stats):
     n += wrong("dx", x.grad, cols(Xd.grad, r, P), 4e-5, 1e-4, report)
     n += wrong("dweight", w.grad, cols(Wd.grad, r, P, 0), 5e-5, 1e-5, report)
     slots = 5 * (H // gs)  # float64 each, or int64 limbs: 8 forward, 6 backward (exact)
-    want = (2 * slots + 20) * 8 if stats == "robust" else (14 * slots + 20) * 8
+    head = 10 + (2 * P if P > 1 else 0)  # the call header, then the slice table at P > 1
+    want = (2 * slots + 2 * head) * 8 if stats == "robust" else (14 * slots + 2 * head) * 8
     if (comm.calls, comm.bytes_sent) != (2, want):
         n += 1
         report.append(f"{comm.calls} collectives of {comm.bytes_sent} bytes, expected 2 of "

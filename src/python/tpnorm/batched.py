@@ -1,13 +1,16 @@
 """Several hidden-sharded row norms in ONE collective (tpnorm/batched.h): an attention's q-norm
 and k-norm, say, whose statistics would otherwise cost one latency-bound all-reduce each.
 
-    q, k = tpnorm.batched_row_norm([q, k], [q_weight, k_weight], eps=1e-6)
+    q, k = tpnorm.batched_row_norm([q, k], [q_weight, k_weight], eps=1e-6,
+                                   hidden_sizes=[n_heads * head_dim, n_kv_heads * head_dim])
 
 Each input is [..., local] (this rank's columns of its own hidden size), with its own weight
 (this rank's slice) and optional bias; all share eps, the statistics mode and the group. Inputs
-may be plain tensors (``process_group`` as for tpnorm.rms_norm) or DTensors whose last dimension
-is Shard on one mesh dimension (the group is that mesh dimension's; outputs are DTensors laid
-out as the inputs). Forward and backward each make exactly one all-reduce for all items.
+may be plain tensors (``process_group`` as for tpnorm.rms_norm; ``hidden_sizes``, each item's
+whole hidden size, which the ranks' slices must tile, as rms_norm's normalized_shape) or
+DTensors whose last dimension is Shard on one mesh dimension (the group is that mesh
+dimension's, the hidden sizes the DTensors' own; outputs are DTensors laid out as the inputs).
+Forward and backward each make exactly one all-reduce for all items.
 """
 import torch
 
@@ -18,16 +21,17 @@ from . import library as _lib
 from .comm import as_communicator
 
 
-def _forward(comm, xs, ws, bs, centered, opt):
-    """(ys, means, rstds) of the K items (plain contiguous tensors), one collective."""
+def _forward(comm, xs, ws, bs, centered, hidden, opt):
+    """(ys, means, rstds) of the K items (plain contiguous tensors), one collective; hidden:
+    each item's whole hidden size (0: not checked)."""
     items, ys, means, rstds = [], [], [], []
-    for x, w, b, c in zip(xs, ws, bs, centered):
+    for x, w, b, c, n in zip(xs, ws, bs, centered, hidden):
         y = torch.empty_like(x, memory_format=torch.contiguous_format)
         sdt = F._stats_dtype(x)
         rstd = x.new_empty((F._rows(x),), dtype=sdt)
         mean = x.new_empty((F._rows(x),), dtype=sdt) if c else None
         items.append((c, F._to_dlpack(x), F._d(w), F._d(b), F._to_dlpack(y), F._d(mean),
-                      F._to_dlpack(rstd)))
+                      F._to_dlpack(rstd), int(n)))
         ys.append(y)
         means.append(mean)
         rstds.append(rstd)
@@ -35,15 +39,16 @@ def _forward(comm, xs, ws, bs, centered, opt):
     return ys, means, rstds
 
 
-def _backward(comm, dys, xs, ws, bias_dtypes, means, rstds, centered, opt):
+def _backward(comm, dys, xs, ws, bias_dtypes, means, rstds, centered, hidden, opt):
     """(dxs, dws, dbs) of _forward's items (None for an absent parameter), one collective;
     bias_dtypes[i] is None when item i has no bias."""
     items, grads = [], ([], [], [])
-    for dy, x, w, bdt, mean, rstd, c in zip(dys, xs, ws, bias_dtypes, means, rstds, centered):
+    for dy, x, w, bdt, mean, rstd, c, n in zip(dys, xs, ws, bias_dtypes, means, rstds, centered,
+                                               hidden):
         dx, dw, db = F._grads(x, w, x.shape[-1], bdt is not None, bdt)
         dy = F._grad(dy, x)
         items.append((c, F._to_dlpack(dy), F._to_dlpack(x), F._d(w), F._d(mean),
-                      F._to_dlpack(rstd), F._to_dlpack(dx), F._d(dw), F._d(db)))
+                      F._to_dlpack(rstd), F._to_dlpack(dx), F._d(dw), F._d(db), int(n)))
         for out, t in zip(grads, (dx, dw, db)):
             out.append(t)
     _C.batched_norm_backward(comm, items, opt)
@@ -52,15 +57,16 @@ def _backward(comm, dys, xs, ws, bias_dtypes, means, rstds, centered, opt):
 
 class _BatchedRowNorm(torch.autograd.Function):
     """K row norms, one collective each way, in eager mode. ``call`` = (comm, opt, centered
-    per item, K); tensors = x_0, w_0, b_0, x_1, w_1, b_1, ... (plain local tensors)."""
+    per item, hidden size per item, K); tensors = x_0, w_0, b_0, x_1, w_1, b_1, ... (plain
+    local tensors)."""
 
     @staticmethod
     def forward(ctx, call, *tensors):
-        comm, opt, centered, k = call
+        comm, opt, centered, hidden, k = call
         xs = [tensors[3 * i].contiguous() for i in range(k)]
         ws = [tensors[3 * i + 1] for i in range(k)]
         bs = [tensors[3 * i + 2] for i in range(k)]
-        ys, means, rstds = _forward(comm, xs, ws, bs, centered, opt)
+        ys, means, rstds = _forward(comm, xs, ws, bs, centered, hidden, opt)
         ctx.save_for_backward(*xs, *ws, *means, *rstds)
         ctx.call = call
         ctx.bias_dtypes = [None if b is None else b.dtype for b in bs]
@@ -68,10 +74,10 @@ class _BatchedRowNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *dys):
-        comm, opt, centered, k = ctx.call
+        comm, opt, centered, hidden, k = ctx.call
         t = ctx.saved_tensors
         dxs, dws, dbs = _backward(comm, dys, t[:k], t[k:2 * k], ctx.bias_dtypes,
-                                  t[2 * k:3 * k], t[3 * k:], centered, opt)
+                                  t[2 * k:3 * k], t[3 * k:], centered, hidden, opt)
         return (None,) + tuple(g for i in range(k) for g in (dxs[i], dws[i], dbs[i]))
 
 
@@ -92,15 +98,22 @@ def _check_lists(inputs, weights, biases, centered):
 
 
 def batched_row_norm(inputs, weights=None, biases=None, eps=1e-5, *, centered=False,
-                     process_group=None, stats="robust"):
+                     hidden_sizes=None, process_group=None, stats="robust"):
     """LayerNorm (centered) / RMSNorm of each input over its sharded last dimension, all in
     one collective; returns the outputs as a tuple. ``centered`` is one bool for all items or
     one per item; ``weights`` / ``biases`` lists with None for an absent parameter (a DTensor
-    parameter must be Shard(0) on the mesh dimension that shards its input)."""
+    parameter must be Shard(0) on the mesh dimension that shards its input). ``hidden_sizes``:
+    each plain input's whole (unsharded) last dimension, which every rank checks the ranks'
+    slices tile; needed where the group has more than one rank (DTensors carry their own)."""
     inputs = list(inputs)
     weights, biases, centered = _check_lists(inputs, weights, biases, centered)
     k = len(inputs)
+    if hidden_sizes is not None:
+        hidden_sizes = [int(n) for n in hidden_sizes]
+        if len(hidden_sizes) != k:
+            raise ValueError("tpnorm.batched_row_norm: hidden_sizes needs one entry per item")
     if k and D.is_dtensor(inputs[0]):
+        hidden_sizes = [x.shape[-1] for x in inputs]
         comm = D._comm_for(inputs[0], process_group)
         tp = D._norm_mesh_dim(inputs[0])
         for x in inputs[1:]:
@@ -115,7 +128,14 @@ def batched_row_norm(inputs, weights=None, biases=None, eps=1e-5, *, centered=Fa
     else:
         comm = as_communicator(process_group)
         local = [t for item in zip(inputs, weights, biases) for t in item]
-    ys = _batched(local[0::3], local[1::3], local[2::3], centered, comm, None, eps, stats)
+        if hidden_sizes is None:
+            if comm.size > 1:  # the same verdict on every rank: the size is the group's
+                raise ValueError("tpnorm.batched_row_norm: pass hidden_sizes (each item's whole "
+                                 "hidden size) when the group has more than one rank, so that "
+                                 "the ranks' slices can be checked")
+            hidden_sizes = [x.shape[-1] for x in inputs]
+    ys = _batched(local[0::3], local[1::3], local[2::3], centered, hidden_sizes, comm, None, eps,
+                  stats)
     if k and D.is_dtensor(inputs[0]):
         return tuple(D.DTensor.from_local(y, x.device_mesh, x.placements, run_check=False,
                                           shape=x.shape, stride=x.stride())
@@ -123,18 +143,20 @@ def batched_row_norm(inputs, weights=None, biases=None, eps=1e-5, *, centered=Fa
     return tuple(ys)
 
 
-def _batched(xs, ws, bs, centered, comm, handle, eps, stats):
+def _batched(xs, ws, bs, centered, hidden, comm, handle, eps, stats):
     """The K outputs of plain local tensors: the torch.library op while torch.compile traces
-    (``handle``: comm's, looked up when None), else the eager autograd Function."""
-    eps = float(eps)
+    (``handle``: comm's, looked up when None), else the eager autograd Function; hidden: each
+    item's whole hidden size."""
+    eps, hidden = float(eps), [int(n) for n in hidden]
     if _lib.compiling():
         h = _lib.comm_handle(comm) if handle is None else handle
         params = [w for w in ws if w is not None] + [b for b in bs if b is not None]
         return _lib.batched_row_norm(list(xs), params, [w is not None for w in ws],
-                                     [b is not None for b in bs], list(centered), h, eps,
+                                     [b is not None for b in bs], list(centered), hidden, h, eps,
                                      stats)[0::3]
     return _BatchedRowNorm.apply((comm, F.norm_options(eps, stats, 0), tuple(centered),
-                                  len(xs)), *[t for item in zip(xs, ws, bs) for t in item])
+                                  tuple(hidden), len(xs)),
+                                 *[t for item in zip(xs, ws, bs) for t in item])
 
 
 def _local(p, x, tp):

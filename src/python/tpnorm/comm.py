@@ -135,17 +135,47 @@ def from_nccl_group(group=None, device=None, stream=None):
                                             stream.cuda_stream))
 
 
+# as_communicator's communicators: one per (group, device), made on first use and kept (with
+# the group, so that its id is never reused) for the life of the process. Making one per call
+# would cost a communicator's set-up on every call (over mpi4py an MPI_Comm_dup and a
+# shared-memory window, over NCCL an ncclCommInitRank), leak what it holds, and keep every call
+# in the strict mode of a new communicator's first calls.
+_cache = {}
+atexit.register(_cache.clear)  # before finalization, with the groups (see _release)
+
+
+def _cached(key, group, make):
+    hit = _cache.get(key)
+    if hit is None:
+        hit = _cache[key] = (group, make())
+    return hit[1]
+
+
+def local():
+    """This process's own communicator of one rank (one object, made on first use): for calls
+    that sum nothing across processes (a DTensor whose row is whole on every rank, a
+    SyncBatchNorm in eval)."""
+    return _cached(("single",), None, single)
+
+
 def as_communicator(group=None):
-    """The tpnorm communicator for ``group`` (see the module documentation)."""
+    """The tpnorm communicator for ``group`` (see the module documentation): made on the first
+    call for a group (collective over it where the group's kind needs it: mpi4py's, NCCL's)
+    and the same object on every later call, one per (group, CUDA device) for NCCL groups."""
     if isinstance(group, Communicator):
         return group
     if group is not None and hasattr(group, "py2f"):
-        return from_mpi4py(group)
+        return _cached(("mpi4py", id(group)), group, lambda: from_mpi4py(group))
     import torch.distributed as dist
 
     if group is None and not (dist.is_available() and dist.is_initialized()):
-        return single()
+        return local()
     pg = dist.group.WORLD if group is None else group
     if dist.get_backend(pg) == "nccl":
-        return from_nccl_group(pg)
-    return from_process_group(pg)
+        import torch
+
+        device = torch.cuda.current_device()
+        return _cached(("nccl", id(pg), device), pg, lambda: from_nccl_group(pg, device))
+    if dist.get_world_size(pg) == 1:  # a group of one sums nothing: no c10d call at all
+        return local()
+    return _cached(("group", id(pg)), pg, lambda: from_process_group(pg))

@@ -24,12 +24,11 @@ shards, and DTensor would silently insert redistributes (an all-gather of activa
 input placement the strategy does not list. Here the placements are checked, never changed:
 the only collective in a forward or a backward is tpnorm's own all-reduce of statistics.
 """
-import atexit
 
 import torch
 
 from . import functional as F
-from .comm import from_process_group, single
+from .comm import as_communicator, local
 
 try:  # torch >= 2.5: the public DTensor API
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -38,26 +37,13 @@ except ImportError:  # torch 1.13 (Debian) and other old ones: plain tensors onl
     DTensor = None
     AVAILABLE = False
 
-# One tpnorm communicator per process group, made on first use (as_communicator would make a
-# new one per call: its callback closure and handle are cheap but not free).
-_group_comms = {}
-# Its keys hold the process groups: dropped at exit, before finalization (see comm._release).
-atexit.register(_group_comms.clear)
-
-
 def is_dtensor(t):
     return AVAILABLE and isinstance(t, DTensor)
 
 
 def _comm_of(group):
-    comm = _group_comms.get(group)
-    if comm is None:
-        import torch.distributed as dist
-
-        # A group of one rank sums nothing: one process, no c10d call at all.
-        comm = single() if dist.get_world_size(group) == 1 else from_process_group(group)
-        _group_comms[group] = comm
-    return comm
+    """The group's communicator (one per group, made on first use: tpnorm.as_communicator)."""
+    return as_communicator(group)
 
 
 def _norm_mesh_dim(x):
@@ -254,7 +240,7 @@ def _comm_for(x, process_group):
                          "shards the normalized dimension; pass process_group=None")
     tp = _norm_mesh_dim(x)
     if tp is None:  # the whole row on every rank: its statistics need no collective
-        return single()
+        return local()
     return _comm_of(x.device_mesh.get_group(tp))
 
 
@@ -324,6 +310,7 @@ def rms_norm_gated(input, weight=None, gate=None, eps=1e-5, *, group_size=None,
         raise ValueError(f"tpnorm: with a DTensor input hidden_size is the global size of its "
                          f"last dimension ({input.shape[-1]}), got {hidden_size}")
     comm = _comm_for(input, process_group)
-    return _DRMSNormGated.apply(input, gate, weight, comm,
-                                -1 if group_size is None else int(group_size),
-                                bool(norm_before_gate), F.norm_options(eps, stats))
+    x, z, w, out = F.gated_inputs(input, gate, weight)  # x and the gate may differ in dtype
+    y = _DRMSNormGated.apply(x, z, w, comm, -1 if group_size is None else int(group_size),
+                             bool(norm_before_gate), F.norm_options(eps, stats))
+    return y if out is None else y.to(out)

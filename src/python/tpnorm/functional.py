@@ -44,6 +44,7 @@ def norm_options(eps=1e-5, stats="robust", hidden_size=0, check_agreement=True, 
 _to_dlpack = getattr(torch._C, "_to_dlpack", None) or (lambda t: t.detach())
 
 _F32, _F64, _CONTIGUOUS = torch.float32, torch.float64, torch.contiguous_format
+_HALVES = (torch.float16, torch.bfloat16)
 _EPS32, _EPS64 = torch.finfo(_F32).eps, torch.finfo(_F64).eps
 
 
@@ -526,10 +527,29 @@ def _gated_shard(x, comm, hidden, offset):
     return int(hidden), int(offset)
 
 
+def gated_inputs(x, z, weight):
+    """(x, z, weight, out_dtype) as the gated kernels take them. transformers' and mamba_ssm's
+    gated norms take x and the gate in different dtypes (in a bf16 Mamba-2, the scan's float32
+    output next to in_proj's bf16 gate) and compute in float32; so does tpnorm: both go to the
+    wider dtype (an exact cast), the weight too where the kernels would not take it next to
+    that, and the output comes back in x's dtype (out_dtype; None when nothing was cast)."""
+    if z is None or z.dtype == x.dtype:
+        return x, z, weight, None
+    wide = torch.promote_types(x.dtype, z.dtype)
+    if weight is not None and weight.dtype != wide and \
+            not (weight.dtype is _F32 and wide in _HALVES):
+        weight = weight.to(wide)
+    return x.to(wide), z.to(wide), weight, x.dtype
+
+
 def _rms_norm_gated(x, z, weight, group_size, hidden, offset, norm_before_gate, comm, eps, stats,
                     handle=None):
     """The gated RMSNorm as _row_norm dispatches: the torch.library op while torch.compile
-    traces, else the autograd Function."""
+    traces, else the autograd Function; x and z of different dtypes as gated_inputs says."""
+    x, z, weight, out = gated_inputs(x, z, weight)
+    if out is not None:
+        return _rms_norm_gated(x, z, weight, group_size, hidden, offset, norm_before_gate, comm,
+                               eps, stats, handle).to(out)
     if _lib.compiling():
         h = _lib.comm_handle(comm) if handle is None else handle
         return _lib.rms_norm_gated(x, z, weight, group_size, hidden, offset, norm_before_gate, h,
@@ -616,13 +636,32 @@ def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, tr
                     momentum=0.1, eps=1e-5, *, process_group=None, stats="robust", handle=None):
     """F.batch_norm with statistics over the batch of every rank of ``process_group``.
 
-    running_mean / running_var: float32 [C] buffers updated in place in training (or None).
+    running_mean / running_var: [C] buffers updated in place in training (or None), float32 or
+    float64 (float16/bfloat16 buffers, as a .half() module has, go through float32 copies).
     weight / bias: x's dtype, or float32 next to a float16/bfloat16 x (mixed precision, CPU).
     momentum: a float (None is the caller's cumulative average: pass 1/num_batches_tracked).
     Training with running statistics absent, or eval without them, uses batch statistics.
     A 4-D/5-D x in torch.channels_last(_3d) memory format (stride 1 on C) runs channels-last.
+    An empty x of another dtype than the parameters is taken as theirs (torch allows the mix
+    for an empty input); the empty output keeps x's dtype.
     """
-    x, comm = input, as_communicator(process_group)
+    x = input
+    param = weight if weight is not None else bias
+    if x.numel() == 0 and param is not None and x.dtype != param.dtype and \
+            not (param.dtype is _F32 and x.dtype in _HALVES):
+        y = sync_batch_norm(x.to(param.dtype), running_mean, running_var, weight, bias,
+                            training, momentum, eps, process_group=process_group, stats=stats,
+                            handle=handle)
+        return y.to(x.dtype)
+    if running_mean is not None and running_mean.dtype in _HALVES:
+        rm, rv = running_mean.float(), running_var.float()
+        y = sync_batch_norm(x, rm, rv, weight, bias, training, momentum, eps,
+                            process_group=process_group, stats=stats, handle=handle)
+        if training:  # after an accepted call only: a failed one raised above
+            running_mean.copy_(rm)
+            running_var.copy_(rv)
+        return y
+    comm = as_communicator(process_group)
     bn_training = training or running_mean is None
     momentum = math.nan if momentum is None else float(momentum)
     if _lib.compiling():

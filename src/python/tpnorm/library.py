@@ -14,7 +14,8 @@ forward ones, registered autograd whose backward is the matching ``*_backward`` 
       momentum, eps, stats) -> (y, save_mean, save_invstd, new running_mean, new running_var)
   tpnorm::rms_norm_gated(x, z?, weight?, group_size, hidden, offset, norm_before_gate, handle,
       eps, stats) -> (y, rstd)
-  tpnorm::batched_row_norm(xs, params, has_weight, has_bias, centered, handle, eps, stats)
+  tpnorm::batched_row_norm(xs, params, has_weight, has_bias, centered, hidden, handle, eps,
+                           stats)
       -> [y_0, mean_0, rstd_0, y_1, ...]   (K row norms in one collective)
 
 and row_norm_backward, batched_row_norm_backward, fused_add_norm_backward, group_norm_backward,
@@ -111,18 +112,18 @@ if AVAILABLE:
 
     @torch.library.custom_op("tpnorm::batched_row_norm", mutates_args=())
     def batched_row_norm(xs: List[Tensor], params: List[Tensor], has_weight: List[bool],
-                         has_bias: List[bool], centered: List[bool], handle: int, eps: float,
-                         stats: str) -> List[Tensor]:
+                         has_bias: List[bool], centered: List[bool], hidden: List[int],
+                         handle: int, eps: float, stats: str) -> List[Tensor]:
         from .batched import _forward
 
         ws, bs = _split_params(params, has_weight, has_bias)
         ys, means, rstds = _forward(_comms[handle], [x.contiguous() for x in xs], ws, bs,
-                                    centered, F.norm_options(eps, stats, 0))
+                                    centered, hidden, F.norm_options(eps, stats, 0))
         return [t for y, m, r, x in zip(ys, means, rstds, xs)
                 for t in (y, _absent(x) if m is None else m, r)]
 
     @batched_row_norm.register_fake
-    def _(xs, params, has_weight, has_bias, centered, handle, eps, stats):
+    def _(xs, params, has_weight, has_bias, centered, hidden, handle, eps, stats):
         out = []
         for x, c in zip(xs, centered):
             rows, sdt = F._rows(x), F._stats_dtype(x)
@@ -135,8 +136,8 @@ if AVAILABLE:
     def batched_row_norm_backward(dys: List[Tensor], xs: List[Tensor], params: List[Tensor],
                                   means: List[Tensor], rstds: List[Tensor],
                                   has_weight: List[bool], has_bias: List[bool],
-                                  centered: List[bool], handle: int, eps: float,
-                                  stats: str) -> List[Tensor]:
+                                  centered: List[bool], hidden: List[int], handle: int,
+                                  eps: float, stats: str) -> List[Tensor]:
         """[dx_0, ..., dx_{K-1}] then the present parameters' gradients, in params' order."""
         from .batched import _backward
 
@@ -144,12 +145,13 @@ if AVAILABLE:
         dxs, dws, dbs = _backward(
             _comms[handle], dys, [x.contiguous() for x in xs], ws,
             [None if b is None else b.dtype for b in bs],
-            [m if c else None for m, c in zip(means, centered)], rstds, centered,
+            [m if c else None for m, c in zip(means, centered)], rstds, centered, hidden,
             F.norm_options(eps, stats, 0))
         return list(dxs) + [t for t in dws if t is not None] + [t for t in dbs if t is not None]
 
     @batched_row_norm_backward.register_fake
-    def _(dys, xs, params, means, rstds, has_weight, has_bias, centered, handle, eps, stats):
+    def _(dys, xs, params, means, rstds, has_weight, has_bias, centered, hidden, handle, eps,
+          stats):
         return ([torch.empty_like(x, memory_format=torch.contiguous_format) for x in xs] +
                 [torch.empty_like(p) for p in params])
 
@@ -164,7 +166,7 @@ if AVAILABLE:
         means, rstds = list(t[k + n:2 * k + n]), list(t[2 * k + n:])
         dy = [g if g is not None else torch.zeros_like(x) for g, x in zip(dys[0::3], xs)]
         g = batched_row_norm_backward(dy, xs, params, means, rstds, *ctx.args)
-        return list(g[:k]), list(g[k:]), None, None, None, None, None, None
+        return list(g[:k]), list(g[k:]), None, None, None, None, None, None, None
 
     batched_row_norm.register_autograd(_batched_backward, setup_context=_batched_setup)
 

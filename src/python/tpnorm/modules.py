@@ -17,16 +17,18 @@ import copy
 import torch
 from torch import nn
 
+from . import _tpnorm as _C
 from . import functional as F
 from . import library
-from .comm import as_communicator
+from .comm import Communicator, as_communicator, local
 
 
 class _CommHolder:
-    """A module keeping a tpnorm communicator: not copied by deepcopy/pickle (made again on
-    first use from the stored group, which every deep copy shares: a process group or a
-    communicator is a handle on the job's processes, not data to copy, and a model's deep copy,
-    an EMA model say, normalises over the same ranks)."""
+    """A module keeping a tpnorm communicator. A deep copy (an EMA model, say) shares the group
+    and the communicator: they are handles on the job's processes, not data to copy, and the
+    copy normalises over the same ranks; sharing them costs no collective, so a copy made or
+    first run on one rank alone never waits for the others. Pickling drops the communicator
+    (made again on first use from the stored group)."""
 
     _handle = None  # the communicator's torch.library handle (library.comm_handle)
 
@@ -38,14 +40,16 @@ class _CommHolder:
     def __deepcopy__(self, memo):
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
-        state = self.__getstate__()
-        group = state.pop("process_group")
+        state = self.__dict__.copy()
+        shared = {k: state.pop(k) for k in ("process_group", "_comm", "_handle") if k in state}
         new.__dict__.update(copy.deepcopy(state, memo))
-        new.process_group = group
+        new.__dict__.update(shared)
         return new
 
     @property
     def comm(self):
+        """The module's communicator: one per group (tpnorm.as_communicator), made on first
+        use (collective over the group for mpi4py and NCCL groups)."""
         if self._comm is None:
             self._comm = as_communicator(self.process_group)
             if library.AVAILABLE:
@@ -174,14 +178,29 @@ class FusedAddRMSNorm(_ShardedRowNorm):
         return super().extra_repr() + f", alpha={self.alpha}"
 
 
+def _slice(comm, total, local, offset):
+    """[start, stop) of this rank's slice of ``total`` channels: shard_range's without a local
+    size; with one, from ``offset``, or (offset None) consecutive in rank order, each rank's
+    offset the sum of the lower ranks' sizes (one collective over comm, here at construction).
+    Explicit offsets are checked in every call: slices that overlap or leave a gap fail there
+    on every rank."""
+    if local is None:
+        if offset is not None:
+            raise ValueError("an offset needs the local size it starts (local_channels / "
+                             "local_size)")
+        return F.shard_range(total, comm.rank, comm.size)
+    local = int(local)
+    if offset is None:
+        offset = _C.slice_offset(comm, local, int(total))
+    return int(offset), int(offset) + local
+
+
 class _ShardedChannelNorm(_CommHolder, nn.Module):
     def __init__(self, num_groups, num_channels, eps, affine, device, dtype, process_group,
                  local_channels, channel_offset, instance):
         super().__init__()
         self.process_group, self._comm = process_group, None
-        start, stop = F.shard_range(num_channels, self.comm.rank, self.comm.size)
-        if local_channels is not None:
-            start, stop = channel_offset, channel_offset + local_channels
+        start, stop = _slice(self.comm, num_channels, local_channels, channel_offset)
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.affine = affine
         self.shard, self.instance = (start, stop), instance
@@ -207,12 +226,13 @@ class _ShardedChannelNorm(_CommHolder, nn.Module):
 
 class ShardedGroupNorm(_ShardedChannelNorm):
     """nn.GroupNorm(num_groups, num_channels) with the channels sharded across
-    ``process_group``: forward takes [N, C_local, *spatial] (this rank's channels, by default
-    shard_range(num_channels, rank, size), or local_channels from channel_offset); a group may
-    span ranks."""
+    ``process_group``: forward takes [N, C_local, *spatial] (this rank's channels: by default
+    shard_range(num_channels, rank, size); with local_channels, that many from channel_offset,
+    or, without channel_offset, the slices consecutive in rank order); a group may span
+    ranks."""
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None,
-                 dtype=None, *, process_group=None, local_channels=None, channel_offset=0):
+                 dtype=None, *, process_group=None, local_channels=None, channel_offset=None):
         super().__init__(num_groups, num_channels, eps, affine, device, dtype, process_group,
                          local_channels, channel_offset, False)
 
@@ -224,7 +244,7 @@ class ShardedInstanceNorm(_ShardedChannelNorm):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False,
                  track_running_stats=False, device=None, dtype=None, *, process_group=None,
-                 local_channels=None, channel_offset=0):
+                 local_channels=None, channel_offset=None):
         if track_running_stats:
             raise ValueError("tpnorm.ShardedInstanceNorm keeps no running statistics: "
                              "track_running_stats must be False")
@@ -236,8 +256,9 @@ class ShardedInstanceNorm(_ShardedChannelNorm):
 class ShardedRMSNormGated(_CommHolder, nn.Module):
     """Mamba-2's gated RMSNorm (mamba_ssm's RMSNormGated, transformers' MambaRMSNormGated)
     with the channels sharded across ``process_group``: forward(hidden_states, gate=None) takes
-    [..., local_size] (this rank's channels, by default shard_range(hidden_size, rank, size), or
-    local_size channels from ``offset``) and returns this rank's channels of
+    [..., local_size] (this rank's channels: by default shard_range(hidden_size, rank, size);
+    with local_size, that many from ``offset``, or, without offset, the slices consecutive in
+    rank order) and returns this rank's channels of
 
         norm_before_gate=False:  rmsnorm(x * silu(gate)) * weight   (Mamba-2's layers)
         norm_before_gate=True:   rmsnorm(x) * weight * silu(gate)
@@ -247,12 +268,10 @@ class ShardedRMSNormGated(_CommHolder, nn.Module):
     slice, initialised to ones."""
 
     def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=False,
-                 device=None, dtype=None, *, process_group=None, local_size=None, offset=0):
+                 device=None, dtype=None, *, process_group=None, local_size=None, offset=None):
         super().__init__()
         self.process_group, self._comm = process_group, None
-        start, stop = F.shard_range(hidden_size, self.comm.rank, self.comm.size)
-        if local_size is not None:
-            start, stop = offset, offset + local_size
+        start, stop = _slice(self.comm, hidden_size, local_size, offset)
         self.hidden_size, self.eps = int(hidden_size), eps
         self.group_size = self.hidden_size if group_size is None else int(group_size)
         self.norm_before_gate, self.shard = bool(norm_before_gate), (start, stop)
@@ -277,8 +296,14 @@ class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
     Communicator, or None for the default group), one collective per training forward and
     backward, ranks may hold different batch sizes including 0. Parameters and the buffers
     running_mean / running_var / num_batches_tracked are those of nn.BatchNorm2d, so
-    state_dict() loads into either. Gradients of weight/bias are this rank's sums (all-reduce
-    them with the rest of the model, as with torch's SyncBatchNorm)."""
+    state_dict() loads into either, in any floating dtype (``.half()``, ``.bfloat16()``).
+    Gradients of weight/bias are this rank's sums (all-reduce them with the rest of the model,
+    as with torch's SyncBatchNorm).
+
+    As torch's: eval never synchronises (running statistics, or without them each rank's own
+    batch statistics); a rank outside a torch.distributed sub-group normalises its own batch;
+    ``process_group`` is what was passed. The communicator is made at the first training call
+    (collective over the group for an mpi4py communicator)."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, process_group=None, device=None, dtype=None):
@@ -289,18 +314,39 @@ class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
         if x.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {x.dim()}D input)")
 
+    def _sync_comm(self):
+        """The communicator of a training call: the group's, or this process's own where this
+        rank is outside the torch.distributed group (torch normalises locally there too)."""
+        if _outside(self.process_group):
+            return local()
+        return self.comm
+
     def forward(self, x):
-        self._check_input_dim(x)
-        momentum = self.momentum
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        sync = bn_training and self.training  # eval never synchronises, as torch's
+        comm = self._sync_comm() if sync else local()
+        problem = _input_problem(x, self.num_features)
+        if problem:
+            if comm.size == 1:
+                raise ValueError(problem)
+            # The other ranks are in this call's collective: the same error on every rank.
+            _C.set_caller_failure(problem)
+            x = x.new_empty((0, self.num_features))
         tracking = self.training and self.track_running_stats
+        momentum = self.momentum
         if tracking and self.momentum is None:  # cumulative average, as torch
             momentum = 1.0 / float(self.num_batches_tracked.item() + 1)
-        use_running = not self.training and self.track_running_stats
-        y = F.sync_batch_norm(
-            x, self.running_mean if (tracking or use_running) else None,
-            self.running_var if (tracking or use_running) else None, self.weight, self.bias,
-            training=not use_running, momentum=0.0 if momentum is None else momentum,
-            eps=self.eps, process_group=self.comm, handle=self._handle)
+        running = not self.training or self.track_running_stats
+        try:
+            y = F.sync_batch_norm(
+                x, self.running_mean if running else None,
+                self.running_var if running else None, self.weight, self.bias,
+                training=bn_training, momentum=0.0 if momentum is None else momentum,
+                eps=self.eps, process_group=comm,
+                handle=self._handle if comm is self._comm else None)
+        finally:
+            if problem:
+                _C.set_caller_failure("")  # taken by the call, or dropped if none was made
         if tracking:
             self.num_batches_tracked.add_(1)  # after the call: a failed call changes nothing
         return y
@@ -312,19 +358,19 @@ class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
         over ``process_group``, keeping its parameters, buffers and train/eval mode. timm's
         BatchNormAct2d (BatchNorm, then its ``drop`` and ``act`` modules) becomes a
         SyncBatchNormAct, which keeps them. Any other subclass with a forward of its own is
-        refused with a TypeError rather than converted without what its forward adds. All
-        converted layers share one tpnorm communicator."""
-        comm = process_group if process_group is None else as_communicator(process_group)
-        return cls._convert(module, comm)
+        refused with a TypeError rather than converted without what its forward adds. Every
+        converted layer keeps ``process_group`` as given; they share one tpnorm communicator
+        (one per group), made at the first training call."""
+        return cls._convert(module, process_group)
 
     @classmethod
-    def _convert(cls, module, comm):
+    def _convert(cls, module, process_group):
         out = module
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
                 not isinstance(module, SyncBatchNorm):
             kind = cls if type(module).forward in _PLAIN_BATCH_NORM else _norm_act_class(module)
             out = kind(module.num_features, module.eps, module.momentum, module.affine,
-                       module.track_running_stats, comm)
+                       module.track_running_stats, process_group)
             if module.affine:
                 with torch.no_grad():
                     out.weight, out.bias = module.weight, module.bias
@@ -335,9 +381,29 @@ class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
             if hasattr(module, "qconfig"):
                 out.qconfig = module.qconfig
         for name, child in module.named_children():
-            out.add_module(name, cls._convert(child, comm))
+            out.add_module(name, cls._convert(child, process_group))
         del module
         return out
+
+
+def _outside(group):
+    """Whether this rank is outside ``group``, a torch.distributed group (torch.distributed
+    .new_group hands such a rank a placeholder, not a group)."""
+    if group is None or isinstance(group, Communicator) or hasattr(group, "py2f"):
+        return False
+    import torch.distributed as dist
+
+    not_in = getattr(dist.distributed_c10d, "_rank_not_in_group", None)
+    return bool(not_in(group)) if not_in else group is dist.GroupMember.NON_GROUP_MEMBER
+
+
+def _input_problem(x, channels):
+    """torch.nn.SyncBatchNorm's checks of its input, as a message ("" when it passes)."""
+    if x.dim() < 2:
+        return f"expected at least 2D input (got {x.dim()}D input)"
+    if x.shape[1] == 0:
+        return "SyncBatchNorm number of input channels should be non-zero"
+    return ""
 
 
 # The forwards that are BatchNorm and nothing else (BatchNorm1d/2d/3d and the lazy ones inherit

@@ -297,8 +297,8 @@ def _pair(q_mod, k_mod, q, k):
     bs = [_local(m.bias) if m._tpnorm[0].has_bias and not a else None
           for a, m in zip(after, mods)]
     _, _, eps, stats, comm, handle = q_mod._tpnorm
-    ys = _batched([q, k], ws, bs, [m._tpnorm[0].centered for m in mods], comm, handle, eps,
-                  stats)
+    ys = _batched([q, k], ws, bs, [m._tpnorm[0].centered for m in mods],
+                  [m._tpnorm[1] for m in mods], comm, handle, eps, stats)
     out = []
     for a, m, y in zip(after, mods, ys):
         if a:
@@ -375,13 +375,16 @@ class QKNormPair(ParallelStyle):
 # and the sharded one's full state dict gathers it back, bit for bit. For DTensor parameters
 # (HiddenShardedNorm, torch's own styles) that is torch's
 # torch.distributed.checkpoint.state_dict.{set,get}_model_state_dict(full_state_dict=True);
-# these two do the same for tpnorm's Sharded* / FusedAdd* row modules, whose parameters are
-# plain tensors holding this rank's columns.
+# these two do the same for every tpnorm module whose parameters are plain tensors holding this
+# rank's slice: the row modules (Sharded{Layer,RMS}Norm, FusedAdd*: columns of the last
+# dimension) and the channel modules (ShardedGroupNorm, ShardedInstanceNorm,
+# ShardedRMSNormGated: [C_local] slices at their own offsets).
 
-def _row_modules(model):
-    from .modules import _ShardedRowNorm
+def _sharded_modules(model):
+    from .modules import _ShardedChannelNorm, _ShardedRowNorm, ShardedRMSNormGated
 
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, _ShardedRowNorm)]
+    kinds = (_ShardedRowNorm, _ShardedChannelNorm, ShardedRMSNormGated)
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds)]
 
 
 def _group_of(mod):
@@ -396,25 +399,31 @@ def _group_of(mod):
                      "communicator are not supported; use a torch.distributed group")
 
 
-def _columns(mod):
-    """[start, stop) of this rank's columns, from the ranks' local sizes (collective)."""
+def _slices(mod):
+    """(this rank's [start, stop), every rank's, the group): a row module's columns are
+    consecutive in rank order (its local sizes, gathered); a channel module's slice is its
+    ``shard``, wherever it sits. Collective over the module's group."""
     import torch.distributed as dist
 
     group = _group_of(mod)
-    sizes = [None] * dist.get_world_size(group)
-    dist.all_gather_object(sizes, mod.local_size, group=group)
-    start = sum(sizes[:dist.get_rank(group)])
-    return start, start + mod.local_size, sizes, group
+    mine = tuple(mod.shard) if getattr(mod, "shard", None) and not hasattr(mod, "local_size") \
+        else (None, mod.local_size)
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    if mine[0] is None:  # row module: sizes -> consecutive slices
+        starts = [sum(size for _, size in every[:r]) for r in range(len(every))]
+        every = [(a, a + size) for a, (_, size) in zip(starts, every)]
+    return every[dist.get_rank(group)], every, group
 
 
 def load_full_state_dict(model, state_dict):
-    """Load an unsharded state dict (e.g. of the same model built with nn.LayerNorm) into
-    ``model``: each tpnorm row module takes its columns of the full [..., H] tensors; every
-    other entry loads as model.load_state_dict would (strict). Collective over each row
-    module's group."""
+    """Load an unsharded state dict (e.g. of the same model built with nn.LayerNorm,
+    nn.GroupNorm or transformers' Mamba2RMSNormGated) into ``model``: each tpnorm sharded module
+    takes its slice of the full tensors' last dimension; every other entry loads as
+    model.load_state_dict would (strict). Collective over each sharded module's group."""
     sd = dict(state_dict)
-    for name, mod in _row_modules(model):
-        start, stop, _, _ = _columns(mod)
+    for name, mod in _sharded_modules(model):
+        (start, stop), _, _ = _slices(mod)
         prefix = f"{name}." if name else ""
         for p in ("weight", "bias"):
             key = prefix + p
@@ -424,26 +433,31 @@ def load_full_state_dict(model, state_dict):
 
 
 def full_state_dict(model):
-    """``model.state_dict()`` with each tpnorm row module's parameters gathered to their full
-    [..., H] tensors on every rank (collective over each row module's group)."""
+    """``model.state_dict()`` with each tpnorm sharded module's parameters gathered to their
+    full tensors on every rank (collective over each module's group)."""
     import torch
     import torch.distributed as dist
 
     sd = model.state_dict()
-    for name, mod in _row_modules(model):
-        _, _, sizes, group = _columns(mod)
+    for name, mod in _sharded_modules(model):
+        _, every, group = _slices(mod)
+        sizes = [b - a for a, b in every]
         prefix = f"{name}." if name else ""
         for p in ("weight", "bias"):
             t = getattr(mod, p, None)
             if t is None:
                 continue
-            # all_gather needs equal sizes: pad every rank's columns to the widest, then cut.
+            # all_gather needs equal sizes: pad every rank's slice to the widest, then place
+            # each at its offset.
             width = max(sizes)
             pad = torch.zeros(*t.shape[:-1], width, dtype=t.dtype)
             pad[..., :t.shape[-1]] = t.detach()
             parts = [torch.empty_like(pad) for _ in sizes]
             dist.all_gather(parts, pad.contiguous(), group=group)
-            sd[prefix + p] = torch.cat([q[..., :n] for q, n in zip(parts, sizes)], dim=-1)
+            full = torch.empty(*t.shape[:-1], max(b for _, b in every), dtype=t.dtype)
+            for (a, b), q in zip(every, parts):
+                full[..., a:b] = q[..., :b - a]
+            sd[prefix + p] = full
     return sd
 
 
