@@ -22,4 +22,7 @@ from . import parallel  # HiddenShardedNorm and QKNormPair, ParallelStyles (torc
 from . import library  # torch.library registration where torch >= 2.4 (else a no-op)
 
 Error = _C.Error
+# An invalid argument (Error.code == tpnorm._tpnorm.INVALID_ARGUMENT), also a ValueError: where
+# torch's own layers raise ValueError for a bad input, tpnorm's do too.
+InvalidArgumentError = _C.InvalidArgumentError
 __version__ = "0.1.0"
