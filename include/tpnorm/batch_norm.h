@@ -23,7 +23,12 @@
 // integer in float64, never float16; Stats::kNaive sends float32 and refuses 2^24 or more values
 // per channel; Stats::kExact sends 13 int64 per channel forward, 11 backward, the integer sums
 // that give the same bits at every world size) and the call header (see tpnorm/norm.h). A training
-// call whose global count per channel is 1 (or 0) is an error on every rank, as in PyTorch.
+// call whose global count per channel is 1 is an error on every rank, as in PyTorch; an empty
+// global batch (count 0) normalises nothing, as PyTorch's SyncBatchNorm: over several ranks the
+// running statistics become (1 - momentum) times themselves (at one rank, PyTorch's plain
+// batch_norm, they stay), num_batches_tracked counts the call, save_mean and
+// save_invstd are 0 (so its backward gives zero dgamma / dbeta). On device communicators a
+// count of 0 is still an error (the device kernels' rule).
 #pragma once
 
 #include <cstdint>

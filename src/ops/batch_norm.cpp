@@ -193,6 +193,7 @@ class BnForwardOp final : public SpecOf<BnForward> {
     if (f_.batch_stats) {
       const double n = call.global_count();
       if (r.first) check_count(n);
+      if (n == 0) return empty_batch(call, r);
       if (fused_) return fused_apply(call, n);
       if (call.wire() == DType::I64)
         kc::bn_exact_moments(c, call.payload<int64_t>(), n, mean.data(), var.data());
@@ -221,9 +222,27 @@ class BnForwardOp final : public SpecOf<BnForward> {
     store_stat(f_.save_invstd, invstd, r.begin, r.end);
   }
 
+  // An empty global batch (every rank's N is 0) normalises nothing, as torch's SyncBatchNorm:
+  // over several ranks its statistics gather mean 0 and unbiased variance 0 / (0 - 1), so the
+  // running statistics become (1 - momentum) times themselves; at one rank (torch's plain
+  // batch_norm) they stay; num_batches_tracked counts the call. The saved statistics are 0 (a
+  // backward then gives zero parameter gradients).
+  void empty_batch(const PackedCall& call, const ChunkRows& r) {
+    const std::vector<double> zero(static_cast<size_t>(f_.a.c), 0.0);
+    if (f_.opt.training && f_.tracking) {
+      if (call.ranks() > 1) {
+        update_running(zero, zero, 0, r);
+      } else if (f_.num_batches_tracked && r.last) {
+        *f_.num_batches_tracked += 1;
+      }
+    }
+    store_stat(f_.save_mean, zero, r.begin, r.end);
+    store_stat(f_.save_invstd, zero, r.begin, r.end);
+  }
+
   void check_count(double n) const {
     check_naive_count(f_.opt.stats, n, name(), "channel");
-    if (n <= 1)  // the same n on every rank, so every rank throws here together
+    if (n == 1)  // the same n on every rank, so every rank throws here together
       throw Error(ErrorCode::kInvalidArgument,
                   std::string("tpnorm: ") + name() + ": expected more than 1 value per channel " +
                       "over all ranks, got " + std::to_string(static_cast<int64_t>(n)));
