@@ -174,7 +174,9 @@ PropertyCase draw_bn(std::mt19937_64& g, int P) {
 PropertyCase draw_group(std::mt19937_64& g, int P) {
   const bool instance = pick(g, 4) == 0;
   const int64_t n = 1 + pick(g, 3), groups = 1 + pick(g, 4), per_group = 1 + pick(g, 3);
-  const int64_t C = groups * per_group, s = 1 + pick(g, 6);
+  const int64_t C = groups * per_group;
+  int64_t s = 1 + pick(g, 6);
+  if (instance && s == 1) s = 2;  // InstanceNorm refuses one spatial element, as torch's
   const std::vector<int> w = draw_weights(g, P);
   const bool affine = pick(g, 2);
   const DType dt = draw_dtype(g), saved = pick(g, 2) ? DType::F64 : DType::F32;
