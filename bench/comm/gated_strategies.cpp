@@ -105,9 +105,11 @@ std::unique_ptr<BenchCase> make(const BenchConfig& c, int rank, int size) {
 
 int64_t groups_of(const BenchConfig& c) { return c.hidden % kGroups == 0 ? kGroups : 1; }
 
-// tpnorm/rms_norm_gated.h: one float64 per (row, group) after the call's header.
-std::vector<Collective> plan_tpnorm(const BenchConfig& c, int, int, bool) {
-  const double b = (static_cast<double>(c.rows * groups_of(c)) + header_values(true)) * 8;
+// tpnorm/rms_norm_gated.h: one float64 per (row, group) after the call's header, then the slice
+// table (2 values per rank at P > 1).
+std::vector<Collective> plan_tpnorm(const BenchConfig& c, int P, int, bool) {
+  const double table = P > 1 ? 2.0 * P : 0.0;
+  const double b = (static_cast<double>(c.rows * groups_of(c)) + header_values(true) + table) * 8;
   return {{false, b, b}};
 }
 // Forward: x and z gathered; backward: dy.

@@ -172,8 +172,8 @@ class BatchedOp final : public OpSpec {
 
 #ifdef TPNORM_WITH_CUDA
   // On device: the same payload; each item's apply kernels read its own count slot and
-  // statistics slice (Header::count_at / payload_at); its partial and apply kernels share
-  // its own slice of the scratch.
+  // statistics slice (Header::count_at / payload_at) and reject a count other than its hidden
+  // size (Header::count_want); its partial and apply kernels share its own slice of the scratch.
   bool has_device_kernels() const override { return true; }
   bool has_device_exact() const override { return true; }
   void partial_device(PackedCall& call, DeviceCommunicator& dev) override {
@@ -196,6 +196,7 @@ class BatchedOp final : public OpSpec {
     for (size_t i = 0; i < args_.size(); ++i) {
       kernels::cuda::Header hd = whole;
       hd.count_at = static_cast<int>(call.header_values() + i);
+      hd.count_want = hidden_[i] > 0 ? static_cast<double>(hidden_[i]) : -1;
       hd.payload_at = static_cast<int64_t>(call.header_values() + offsets_[i]);
       Stages::apply_device(dev, args_[i], hd, scratch ? scratch + scratch_at_[i] : nullptr, opt_);
     }

@@ -48,7 +48,7 @@ void backward_partial_device(PackedCall& call, DeviceCommunicator& dev, const Fu
 }
 void backward_apply_device(PackedCall& call, DeviceCommunicator& dev, const FusedBackward& a) {
   row_backward_apply_cuda(call, dev, a.norm);
-  residual_epilogue_cuda(call, dev, a.dh_extra, a.alpha, a.norm.a.dx, a.dx);
+  residual_epilogue_cuda(call, dev, a.dh_extra, a.alpha, a.norm.a.dx, a.dx, a.norm.opt);
 }
 #endif
 constexpr DeviceHooks<FusedForward> kForwardDevice =

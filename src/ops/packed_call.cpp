@@ -6,6 +6,7 @@
 #ifdef TPNORM_WITH_CUDA
 #include "common/cuda_check.h"
 #include "kernels/cuda/call_header.h"
+#include "ops/cuda/device_call.h"
 #endif
 
 #include <cmath>
@@ -132,19 +133,32 @@ void PackedCall::prepare(size_t payload_values, double local_count, size_t scrat
   scratch_ = static_cast<char*>(dev_base_) + at;
 }
 
-void PackedCall::write_payload(size_t at, const double* values, size_t n) {
-  if (n == 0) return;
+void PackedCall::write_slice(size_t at, int64_t offset, int64_t count) {
+  const int P = comm_.size(), r = comm_.rank();
   if (!dev_) {
-    for (size_t i = 0; i < n; ++i) store(payload_data(), wire_, at + i, values[i]);
+    for (int q = 0; q < P; ++q) {
+      store(payload_data(), wire_, at + 2 * static_cast<size_t>(q), q == r ? offset : 0);
+      store(payload_data(), wire_, at + 2 * static_cast<size_t>(q) + 1, q == r ? count : 0);
+    }
     return;
   }
 #ifdef TPNORM_WITH_CUDA
-  using kernels::cuda::Wire;
-  const Wire w = wire_ == DType::I64 ? Wire::kI64 : wire_ == DType::F64 ? Wire::kF64 : Wire::kF32;
   const DeviceGuard guard(dev_->device_index());
-  kernels::cuda::write_values(static_cast<char*>(payload_data()) + at * dtype_size(wire_), w,
-                              values, static_cast<int64_t>(n), dev_->stream());
+  kernels::cuda::write_slice_row(payload_data(), device_wire(wire_), static_cast<int64_t>(at), P,
+                                 r, offset, count, dev_->stream());
 #else
+  throw Error(ErrorCode::kInternal, "tpnorm: a device call in a build without CUDA");
+#endif
+}
+
+void PackedCall::check_slices_on_device(size_t at, int64_t total) {
+#ifdef TPNORM_WITH_CUDA
+  const DeviceGuard guard(dev_->device_index());
+  kernels::cuda::fail_untiled(dev_base_, device_wire(wire_), static_cast<int64_t>(header_values_ + at),
+                              comm_.size(), total, dev_->stream());
+#else
+  (void)at;
+  (void)total;
   throw Error(ErrorCode::kInternal, "tpnorm: a device call in a build without CUDA");
 #endif
 }
@@ -343,9 +357,7 @@ void PackedCall::reduce_device() {
 void PackedCall::enqueue_device_header(const double* head) {
   try {
 #ifdef TPNORM_WITH_CUDA
-    using kernels::cuda::Wire;
-    const Wire w = wire_ == DType::I64 ? Wire::kI64 : wire_ == DType::F64 ? Wire::kF64 : Wire::kF32;
-    kernels::cuda::write_header(dev_base_, w, head, static_cast<int>(header_values_),
+    kernels::cuda::write_header(dev_base_, device_wire(wire_), head, static_cast<int>(header_values_),
                                 failed_ ? payload_values_ : 0, dev_->stream());
 #else
     (void)head;

@@ -113,10 +113,14 @@ class PackedCall {
   /// This rank and the number of ranks of the call's communicator.
   int rank() const { return comm_.rank(); }
   int ranks() const { return comm_.size(); }
-  /// Writes `n` values (given as doubles) into the payload from payload value `at`, in the
-  /// wire type: on the host at once, on a device enqueued on its stream (the values travel as
-  /// kernel arguments). Throws tpnorm::Error if a device write cannot be enqueued.
-  void write_payload(size_t at, const double* values, size_t n);
+  /// Writes the slice table's row of this rank (ops/slices.h) from payload value `at`: its
+  /// (offset, count) in slot rank(), zeros in the other ranks' slots; on the host at once, on a
+  /// device enqueued on its stream. Throws tpnorm::Error if a device write cannot be enqueued.
+  void write_slice(size_t at, int64_t offset, int64_t count);
+  /// Device calls, after the reduce: enqueues the check of the summed slice table at `at`
+  /// (common/slice_tiling.h); a table that does not tile [0, total) marks the summed header
+  /// failed, so every rank's apply kernels write nothing and set the error word.
+  void check_slices_on_device(size_t at, int64_t total);
   /// Host calls, after the reduce: `n` summed payload values from `at`, as doubles.
   std::vector<double> read_payload(size_t at, size_t n) const;
 

@@ -292,10 +292,7 @@ void StartedOp::start() {
         op_.partial_device(call_, *dev_);
       else
         op_.partial(call_);
-      if (table_values_ > 0) {
-        const std::vector<double> row = slice_table(slice_, comm_.rank(), comm_.size());
-        call_.write_payload(table_at_, row.data(), row.size());
-      }
+      if (table_values_ > 0) call_.write_slice(table_at_, slice_.offset, slice_.count);
     } catch (const Error& e) {
       call_.fail(e.what(), e.code());
     } catch (const std::exception& e) {
@@ -418,11 +415,15 @@ void StartedOp::finish() {
     nvtx::Phase phase(trace_, "collective");
     call_.finish_reduce();
   }
-  // On a host the summed slice table is read here; a device call's table is summed with the
-  // rest and its count checked on device (the header's).
-  if (table_values_ > 0 && !on_device_)
-    check_slice_table(call_.read_payload(table_at_, table_values_), comm_.size(), slice_,
-                      op_.name());
+  // The summed slice table: read here on a host; on a device a kernel marks the summed header
+  // failed when it does not tile (the apply kernels then write nothing, as for any failure).
+  if (table_values_ > 0) {
+    if (on_device_)
+      call_.check_slices_on_device(table_at_, slice_.total);
+    else
+      check_slice_table(call_.read_payload(table_at_, table_values_), comm_.size(), slice_,
+                        op_.name());
+  }
   {
     nvtx::Phase phase(trace_, "apply");
     if (on_device_)

@@ -4,20 +4,14 @@
 #include <algorithm>
 #include <sstream>
 
+#include "common/slice_tiling.h"
 #include "tpnorm/error.h"
 
 namespace tpnorm::detail {
 
-std::vector<double> slice_table(const Slice& s, int rank, int ranks) {
-  std::vector<double> t(slice_table_values(ranks), 0.0);
-  if (t.empty()) return t;
-  t[2 * static_cast<size_t>(rank)] = static_cast<double>(s.offset);
-  t[2 * static_cast<size_t>(rank) + 1] = static_cast<double>(s.count);
-  return t;
-}
-
 std::string slice_table_problem(const std::vector<double>& table, int ranks, int64_t total,
                                 const char* dim) {
+  if (slices_tile([&](int i) { return table[static_cast<size_t>(i)]; }, ranks, total)) return {};
   struct Piece {
     int64_t begin, end;
     int rank;

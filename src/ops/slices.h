@@ -7,7 +7,10 @@
 // holding half of the channels.
 //
 // The runner (run_op.cpp) appends the table for a spec whose PayloadSize names a Slice, at
-// P > 1, writes this rank's slot after the partial and checks the summed table before the apply.
+// P > 1, writes this rank's slot after the partial (PackedCall::write_slice) and checks the
+// summed table before the apply: on a host here, on a device by a kernel that marks the summed
+// header failed (PackedCall::check_slices_on_device), so the apply kernels write nothing. The
+// verdict itself is common/slice_tiling.h's, on both.
 #pragma once
 
 #include <cstddef>
@@ -30,9 +33,6 @@ struct Slice {
 inline size_t slice_table_values(int ranks) {
   return ranks > 1 ? 2 * static_cast<size_t>(ranks) : 0;
 }
-
-/// The table as this rank writes it: its (offset, count) in slot `rank`, zeros elsewhere.
-std::vector<double> slice_table(const Slice& s, int rank, int ranks);
 
 /// Throws tpnorm::Error (kInvalidArgument) unless the summed table (2 * ranks values, every
 /// rank's (offset, count)) tiles [0, total): the message lists every rank's slice and names the

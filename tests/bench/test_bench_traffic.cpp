@@ -23,13 +23,18 @@ namespace {
 using namespace tpnorm;
 using namespace tpnorm_bench;
 
+// The slice table of an op whose ranks name their channel offsets: 2 values per rank at P > 1.
+uint64_t slice_table(int P) { return P > 1 ? 2 * static_cast<uint64_t>(P) : 0; }
+
 // The documented values per rank per call before the header. Written out here, not taken from the op.
-uint64_t documented_values(const std::string& op, const BenchConfig& c) {
+uint64_t documented_values(const std::string& op, const BenchConfig& c, int P) {
   if (op == "layernorm") return 2 * static_cast<uint64_t>(c.rows);
   if (op == "rmsnorm") return static_cast<uint64_t>(c.rows);
   if (op == "syncbn") return 2 * static_cast<uint64_t>(c.shape[1]);  // 2 x C, count in header
-  // One value per (row, group); 8 groups, or 1 (the whole row) when 8 does not divide hidden.
-  if (op == "rmsnormgated") return static_cast<uint64_t>(c.rows * (c.hidden % 8 == 0 ? 8 : 1));
+  // One value per (row, group); 8 groups, or 1 (the whole row) when 8 does not divide hidden;
+  // then the slice table.
+  if (op == "rmsnormgated")
+    return static_cast<uint64_t>(c.rows * (c.hidden % 8 == 0 ? 8 : 1)) + slice_table(P);
   ADD_FAILURE() << "no documented formula for op " << op;
   return 0;
 }
@@ -46,9 +51,9 @@ TEST(BenchTraffic, CountersEqualTheDocumentedFormula) {
       cfg.stats = mode;
       auto c = op.make(cfg, world->rank(), world->size());
       const uint64_t w = mode == Stats::kRobust ? 8 : 4, header = 10;  // check_agreement on
-      const uint64_t want = (documented_values(op.name, cfg) + header) * w;
-      EXPECT_EQ(c->payload_values(true), documented_values(op.name, cfg));
-      EXPECT_EQ(c->payload_values(false), documented_values(op.name, cfg));
+      const uint64_t want = (documented_values(op.name, cfg, world->size()) + header) * w;
+      EXPECT_EQ(c->payload_values(true), documented_values(op.name, cfg, world->size()));
+      EXPECT_EQ(c->payload_values(false), documented_values(op.name, cfg, world->size()));
 
       // Strict: the header travels inside the call's one sum when header + payload fit a
       // size-checked sum (these small shapes), else in its own sum first; the same bytes in all.
@@ -91,10 +96,11 @@ TEST(BenchTraffic, ExactCountersEqualTheDocumentedLimbs) {
     // The gated RMSNorm: RMSNorm's limbs per (row, group); one group here (8 does not divide
     // hidden = 7P + 1).
     const bool rms = n == "rmsnorm" || n == "rmsnormgated";
-    const uint64_t fwd = rms ? 8 : 13, bwd = rms ? 6 : 11, header = 10;
+    const uint64_t fwd = rms ? 8 : 13, bwd = rms ? 6 : 11;
+    const uint64_t header = 10 + (n == "rmsnormgated" ? slice_table(world->size()) : 0);
     auto c = op.make(cfg, world->rank(), world->size());
-    EXPECT_EQ(c->payload_values(true), fwd * per);
-    EXPECT_EQ(c->payload_values(false), bwd * per);
+    EXPECT_EQ(c->payload_values(true), fwd * per + header - 10);
+    EXPECT_EQ(c->payload_values(false), bwd * per + header - 10);
     world->set_strict_calls(0);
     world->reset_counters();
     c->forward(*world);

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "common/call_header.h"
+#include "common/slice_tiling.h"
 #include "kernels/cuda/call_header.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -25,7 +26,45 @@ __global__ void header_kernel(void* base, Wire wire, HeaderValues hv, int nh, si
   }
 }
 
+__global__ void slice_row_kernel(void* base, Wire wire, int64_t at, int ranks, int rank,
+                                 int64_t offset, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 2 * ranks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t v = i == 2 * rank ? offset : i == 2 * rank + 1 ? count : 0;
+    if (wire == Wire::kI64)
+      static_cast<int64_t*>(base)[at + i] = v;
+    else
+      store_fd(base, at + i, wire == Wire::kF64, static_cast<double>(v));
+  }
+}
+
+__global__ void untiled_kernel(void* base, Wire wire, int64_t at, int ranks, int64_t total) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  auto load = [&](int i) -> double {
+    if (wire == Wire::kI64) return static_cast<double>(static_cast<const int64_t*>(base)[at + i]);
+    return load_fd(base, at + i, wire == Wire::kF64);
+  };
+  if (detail::slices_tile(load, ranks, total)) return;
+  namespace ch = detail::call_header;
+  if (wire == Wire::kI64)
+    static_cast<int64_t*>(base)[ch::kErrorIndex] = 1;
+  else
+    store_fd(base, ch::kErrorIndex, wire == Wire::kF64, 1.0);
+}
+
 }  // namespace
+
+void write_slice_row(void* base, Wire wire, int64_t at, int ranks, int rank, int64_t offset,
+                     int64_t count, void* stream) {
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((2 * ranks + 255) / 256, 64));
+  launch("slice_row_kernel", slice_row_kernel, dim3(blocks), dim3(256),
+         static_cast<cudaStream_t>(stream), base, wire, at, ranks, rank, offset, count);
+}
+
+void fail_untiled(void* base, Wire wire, int64_t at, int ranks, int64_t total, void* stream) {
+  launch("untiled_kernel", untiled_kernel, dim3(1), dim3(32), static_cast<cudaStream_t>(stream),
+         base, wire, at, ranks, total);
+}
 
 void write_header(void* base, Wire wire, const double* header, int nh, size_t zeros, void* stream) {
   HeaderValues hv{};

@@ -25,6 +25,9 @@ struct Header {
   /// its summed column count slot and its statistics slice.
   int count_at = -1;
   int64_t payload_at = -1;
+  /// The summed count the call requires (a row norm's hidden size, which the ranks' slices
+  /// must tile); a header whose count differs is rejected. < 0: any count.
+  double count_want = -1;
 };
 
 /// How a call's wire values are stored: float32 (Stats::kNaive), float64 (kRobust), int64
@@ -56,5 +59,15 @@ void write_header(const HeaderWrite& hw, void* stream);
 /// returns) in the wire type at `base`, e.g. a batched call's per-item counts. Graph-safe as
 /// write_header: the values travel as kernel arguments.
 void write_values(void* base, Wire wire, const double* values, int64_t n, void* stream);
+
+/// Enqueues the write of a rank's row of a slice table (ops/slices.h) at value `at` from
+/// `base`: 2 * ranks values, (offset, count) in slot `rank`, zeros elsewhere. One launch.
+void write_slice_row(void* base, Wire wire, int64_t at, int ranks, int rank, int64_t offset,
+                     int64_t count, void* stream);
+
+/// Enqueues the check of a summed slice table at value `at` from `base` (the call's summed
+/// header + payload): when the slices do not tile [0, total) (common/slice_tiling.h) it marks
+/// the header failed (its error slot), so the call's apply kernels reject it on every rank.
+void fail_untiled(void* base, Wire wire, int64_t at, int ranks, int64_t total, void* stream);
 
 }  // namespace tpnorm::kernels::cuda

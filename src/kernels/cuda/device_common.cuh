@@ -125,6 +125,7 @@ __device__ __forceinline__ bool header_ok(const Header& hd, double* n) {
   }
   *n = load_fd(hd.base, hd.count_at >= 0 ? hd.count_at : ch::kCountIndex, hd.w64);
   if (!hd.w64 && *n >= ch::kFloatCountLimit) bad = true;  // float counts stop being exact
+  if (hd.count_want >= 0 && *n != hd.count_want) bad = true;  // slices that do not tile
   return !bad;
 }
 

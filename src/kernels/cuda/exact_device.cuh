@@ -44,6 +44,7 @@ __device__ __forceinline__ bool exact_header_ok(const Header& hd, int64_t* n) {
   }
   *n = h[hd.count_at >= 0 ? hd.count_at : ch::kCountIndex];
   if (*n < 0 || *n >= (int64_t{1} << 32)) bad = true;
+  if (hd.count_want >= 0 && static_cast<double>(*n) != hd.count_want) bad = true;
   return !bad;
 }
 

@@ -9,13 +9,23 @@
 #include "common/cuda_check.h"
 #include "kernels/cuda/row_norm.h"
 #include "ops/packed_call.h"
+#include "tpnorm/norm.h"
 
 namespace tpnorm::detail {
 
-/// The call's summed header as the apply kernels read it (valid after reduce()).
-inline kernels::cuda::Header device_header(PackedCall& call, const Communicator& comm) {
-  return {call.base(), static_cast<int>(call.header_values()), comm.size(),
-          call.wire() != DType::F32, call.wire() == DType::I64};
+/// The call's summed header as the apply kernels read it (valid after reduce()); count_want >= 0:
+/// the summed count the kernels require (a row norm's hidden size), else any.
+inline kernels::cuda::Header device_header(PackedCall& call, const Communicator& comm,
+                                           double count_want = -1) {
+  kernels::cuda::Header hd{call.base(), static_cast<int>(call.header_values()), comm.size(),
+                           call.wire() != DType::F32, call.wire() == DType::I64};
+  hd.count_want = count_want;
+  return hd;
+}
+
+/// The count a row norm's apply kernels require: NormOptions::hidden_size when given.
+inline double hidden_want(const NormOptions& opt) {
+  return opt.hidden_size > 0 ? static_cast<double>(opt.hidden_size) : -1;
 }
 
 /// The kernels' name of the call's wire type.

@@ -20,12 +20,13 @@ void residual_add_cuda(DeviceCommunicator& dev, const TensorView& x, const Tenso
 }
 
 void residual_epilogue_cuda(PackedCall& call, DeviceCommunicator& dev, const TensorView& dh_extra,
-                            double alpha, const TensorView& df, const TensorView& dx) {
+                            double alpha, const TensorView& df, const TensorView& dx,
+                            const NormOptions& opt) {
   DeviceGuard guard(dev.device_index());
   dispatch_device_storage(df.dtype, [&](auto t) {
     using T = decltype(t);
     kernels::cuda::residual_backward_epilogue<T>(
-        device_header(call, dev), df.shape.numel(), static_cast<const T*>(dh_extra.data), static_cast<float>(alpha),
+        device_header(call, dev, hidden_want(opt)), df.shape.numel(), static_cast<const T*>(dh_extra.data), static_cast<float>(alpha),
         static_cast<T*>(df.data), static_cast<T*>(dx.data), dev.stream());
   });
 }

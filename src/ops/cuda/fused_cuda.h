@@ -6,6 +6,7 @@
 
 #include "comm/device_comm.h"
 #include "ops/packed_call.h"
+#include "tpnorm/norm.h"
 #include "tpnorm/tensor.h"
 
 namespace tpnorm::detail {
@@ -17,6 +18,7 @@ void residual_add_cuda(DeviceCommunicator& dev, const TensorView& x, const Tenso
 /// df = df + dh_extra (absent: + 0); dx = alpha*df, over all elements of df, when the call's
 /// summed header accepts it (a rejected call leaves df and dx untouched).
 void residual_epilogue_cuda(PackedCall& call, DeviceCommunicator& dev, const TensorView& dh_extra,
-                            double alpha, const TensorView& df, const TensorView& dx);
+                            double alpha, const TensorView& df, const TensorView& dx,
+                            const NormOptions& opt);
 
 }  // namespace tpnorm::detail

@@ -24,8 +24,8 @@ void* payload_at(PackedCall& call, const ChunkRows& rows, int64_t width) {
          static_cast<size_t>(rows.begin * width) * dtype_size(call.wire());
 }
 kernels::cuda::Header header_at(PackedCall& call, DeviceCommunicator& dev, const ChunkRows& rows,
-                                int64_t width) {
-  kernels::cuda::Header hd = device_header(call, dev);
+                                int64_t width, const NormOptions& opt) {
+  kernels::cuda::Header hd = device_header(call, dev, hidden_want(opt));
   hd.payload_at = static_cast<int64_t>(call.header_values()) + rows.begin * width;
   return hd;
 }
@@ -41,7 +41,7 @@ void row_forward_partial_rows_cuda(PackedCall& call, DeviceCommunicator& dev,
 void row_forward_apply_rows_cuda(PackedCall& call, DeviceCommunicator& dev,
                                  const RowForwardCall& c, const ChunkRows& rows) {
   row_forward_apply_at(dev, rows_of(c.a, rows.begin, rows.end), c.opt.eps,
-                       header_at(call, dev, rows, forward_width(c)));
+                       header_at(call, dev, rows, forward_width(c), c.opt));
 }
 
 // Chunk 0 writes the column-sum slices, later chunks add into them (see the header).
@@ -57,7 +57,7 @@ void row_backward_apply_rows_cuda(PackedCall& call, DeviceCommunicator& dev,
                                   const RowBackwardCall& c, const ChunkRows& rows) {
   RowBackward a = rows_of(c.a, rows.begin, rows.end);
   if (!rows.last) a.dgamma = a.dbeta = TensorView{};
-  row_backward_apply_at(dev, a, header_at(call, dev, rows, backward_width(c)), call.scratch(),
+  row_backward_apply_at(dev, a, header_at(call, dev, rows, backward_width(c), c.opt), call.scratch(),
                         kernels::cuda::row_bwd_parts(rows.size, c.a.g.h));
 }
 

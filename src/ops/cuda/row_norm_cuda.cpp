@@ -115,7 +115,7 @@ void row_forward_partial_cuda(PackedCall& call, DeviceCommunicator& dev, const R
 }
 
 void row_forward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowForwardCall& c) {
-  row_forward_apply_at(dev, c.a, c.opt.eps, device_header(call, dev));
+  row_forward_apply_at(dev, c.a, c.opt.eps, device_header(call, dev, hidden_want(c.opt)));
 }
 
 size_t row_backward_scratch_cuda(const RowBackwardCall& c) {
@@ -129,7 +129,7 @@ void row_backward_partial_cuda(PackedCall& call, DeviceCommunicator& dev,
 }
 
 void row_backward_apply_cuda(PackedCall& call, DeviceCommunicator& dev, const RowBackwardCall& c) {
-  row_backward_apply_at(dev, c.a, device_header(call, dev), call.scratch());
+  row_backward_apply_at(dev, c.a, device_header(call, dev, hidden_want(c.opt)), call.scratch());
 }
 
 }  // namespace tpnorm::detail
