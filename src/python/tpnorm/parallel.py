@@ -16,7 +16,8 @@ backward, no all-gather of activations), and state_dict keys stay those of the m
 QKNormPair does the same for an attention's q_norm and k_norm with ONE all-reduce for both.
 HiddenShardedNorm also takes Mamba-2's gated RMSNorm (transformers' MambaRMSNormGated /
 Mamba2RMSNormGated, mamba_ssm's RMSNormGated: forward(hidden_states, gate)): its groups may span
-ranks, and both inputs are laid out alike.
+ranks, and both inputs are laid out alike. shard_mamba2_mixer splits a whole transformers
+Mamba-2 mixer by heads (vLLM's and Megatron's split), its gated norm on tpnorm's op.
 
 load_full_state_dict / full_state_dict do for tpnorm's own Sharded* row modules (plain-tensor
 parameters) what torch.distributed.checkpoint.state_dict does for DTensor parameters: an
@@ -493,3 +494,216 @@ def register_hf_style(name, style):
 
     ALL_PARALLEL_STYLES.register(name, _HFStyle())
     return name
+
+
+# --- Mamba-2 mixers, head-parallel ------------------------------------------------------------
+# transformers' Mamba-2 mixers (Mamba2Mixer; the hybrids' BambaMixer,
+# GraniteMoeHybridMambaLayer) split over a group by heads, as vLLM and Megatron split them; the
+# mixer's own forward then runs on this rank's parameters (with local head and channel counts),
+# and its gated norm, whose groups span ranks, is tpnorm's.
+
+class _CopyToRegion(torch.autograd.Function):
+    """A tensor replicated on every rank of ``group`` that each rank's part of the model uses
+    for its own share of the work: forward the identity, backward the sum over the ranks of the
+    gradient (Megatron's "copy to the tensor-parallel region"), of rows [lo, hi) of dim 0 only
+    when ``rows`` is (lo, hi), the other rows being this rank's alone."""
+
+    @staticmethod
+    def forward(ctx, t, group, rows):
+        ctx.group, ctx.rows = group, rows
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad if ctx.rows is None else grad[ctx.rows[0]:ctx.rows[1]],
+                        group=ctx.group)
+        return grad, None, None
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    """The sum over ``group`` of the ranks' partial results (a row-parallel projection's):
+    forward all-reduces, backward the identity (the sum's gradient is the same on every rank;
+    Megatron's "reduce from the tensor-parallel region")."""
+
+    @staticmethod
+    def forward(ctx, t, group):
+        import torch.distributed as dist
+
+        t = t.contiguous().clone()
+        dist.all_reduce(t, group=group)
+        return t
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _copied(p, group, rows):
+    """``p`` whose rows [lo, hi) = ``rows`` are on every rank (None: no row is)."""
+    return p if p is None or rows is None else _CopyToRegion.apply(p, group, rows)
+
+
+def _in_proj_forward(self, x):
+    """in_proj's rows of this rank: [z | x | B | C | dt], B and C those of every rank."""
+    group, rows = self._tpnorm_heads
+    return torch.nn.functional.linear(_CopyToRegion.apply(x, group, None),
+                                      _copied(self.weight, group, rows),
+                                      _copied(self.bias, group, rows))
+
+
+def _out_proj_forward(self, x):
+    """A row-parallel out_proj: this rank's columns' partial product, summed over the group."""
+    group, _ = self._tpnorm_heads
+    y = _ReduceFromRegion.apply(torch.nn.functional.linear(x, self.weight), group)
+    return y if self.bias is None else y + self.bias
+
+
+def _conv_param(name):
+    """conv1d.weight / .bias as the mixer reads them: the parameter, its B and C channels'
+    gradient summed over the group where those channels are on every rank."""
+
+    def get(self):
+        group, rows = self._tpnorm_heads
+        return _copied(self._parameters[name], group, rows)
+
+    return property(get)
+
+
+def _norm_forward(self, hidden_states, gate=None):
+    """transformers' gated norm on this rank's channels: tpnorm's op without the weight (the
+    normalized values in the input's dtype), then ``weight *`` as the class multiplies it."""
+    hidden, offset, comm = self._tpnorm_heads
+    y = F._rms_norm_gated(hidden_states, gate, None, int(self.group_size), hidden, offset, False,
+                          comm, self.variance_epsilon, "robust")
+    return self.weight * y
+
+
+def _mixer_forward(self, *args, **kwargs):
+    """The mixer class's own forward, seeing ``training`` False: transformers' fused training
+    kernel (mamba_ssm's mamba_split_conv1d_scan_combined, where installed) computes the whole
+    mixer in one call, norm and out_proj included, which would not be head-parallel."""
+    return _HEADS_BASE[type(self)].forward(_Given(self, {"training": False}), *args, **kwargs)
+
+
+_HEADS_BASE = {}  # head-parallel class -> the class it was made from
+_HEADS = {}  # (class, role) -> head-parallel class
+
+
+def _heads_class(cls, role, namespace):
+    """The subclass of ``cls`` made once per (class, role in the mixer)."""
+    out = _HEADS.get((cls, role))
+    if out is None:
+        out = _HEADS[cls, role] = type(f"HeadParallel{cls.__name__}", (cls,), namespace)
+        _HEADS_BASE[out] = cls
+    return out
+
+
+def _kept(p, index, dim=0):
+    return None if p is None else nn.Parameter(p.detach().index_select(dim, index).clone(),
+                                               requires_grad=p.requires_grad)
+
+
+def shard_mamba2_mixer(mixer, process_group=None):
+    """Splits a transformers Mamba-2 mixer over the ranks of ``process_group`` (a
+    torch.distributed group; None: the default one) by heads, in place, and returns it:
+    ``Mamba2Mixer`` and the mixers of the same layout (``BambaMixer``,
+    ``GraniteMoeHybridMambaLayer``). With H heads of head_dim d (I = H d channels), n_groups G
+    and state size N, rank r of P keeps heads [r H/P, (r+1) H/P), i.e. channels
+    c = [r I/P, (r+1) I/P):
+
+    - in_proj (rows [z: I | x: I | B: G N | C: G N | dt: H]): the z and x rows of c, the B and
+      C rows of its groups, the dt rows of its heads; conv1d: the x channels of c and the B and
+      C channels of its groups; dt_bias, A_log and D: its heads; the gated norm's weight: c.
+    - G = 1: B and C are the same on every rank (every head reads them); each rank keeps all
+      their rows and channels, and their gradients are summed over the group in backward.
+      G a multiple of P: rank r keeps groups [r G/P, (r+1) G/P), its heads' own, nothing
+      replicated. Other G are refused.
+    - in_proj's input is replicated: its gradient is summed over the group in backward.
+      out_proj is row-parallel: this rank's columns c, the product all-reduced in forward
+      (its bias, if any, added once after the sum).
+    - The gated norm stays an instance of its class and computes what it computes (its weight
+      multiplied after the cast to the input's dtype), with tpnorm's op on channels c: one
+      all-reduce of statistics per forward and per backward; its groups may span ranks.
+
+    The mixer's own forward then runs with local head and channel counts (num_heads,
+    intermediate_size, n_groups, conv_dim), except that it never takes transformers' fused
+    training kernel (a whole-mixer call that would bypass the split); a cache holds this rank's
+    heads' conv and recurrent states. Collectives besides the norm's: forward one (out_proj's),
+    backward one for the input's gradient and, with G = 1, one per B/C parameter (in_proj's
+    weight and bias, conv1d's weight and bias). Parameters are plain tensors holding this
+    rank's rows and state_dict keys stay the mixer's: load the unsharded checkpoint first,
+    then shard."""
+    import torch.distributed as dist
+
+    from .comm import as_communicator
+
+    group = dist.group.WORLD if process_group is None else process_group
+    P, r = dist.get_world_size(group), dist.get_rank(group)
+    name = type(mixer).__name__
+    if type(mixer) in _HEADS_BASE:
+        raise ValueError(f"tpnorm.parallel.shard_mamba2_mixer: this {name} is already sharded")
+    attrs = ("num_heads", "head_dim", "ssm_state_size", "n_groups", "intermediate_size",
+             "in_proj", "conv1d", "out_proj", "norm", "dt_bias", "A_log", "D")
+    if not all(hasattr(mixer, a) for a in attrs) or hasattr(mixer, "mup_vector") or \
+            not _is_gated(mixer.norm) or mixer.in_proj.out_features != \
+            2 * mixer.intermediate_size + 2 * mixer.n_groups * mixer.ssm_state_size + \
+            mixer.num_heads or mixer.intermediate_size != mixer.num_heads * mixer.head_dim:
+        raise ValueError(f"tpnorm.parallel.shard_mamba2_mixer: {name} is not laid out as "
+                         "transformers' Mamba2Mixer (in_proj rows [z | x | B | C | dt], a gated "
+                         "norm over intermediate_size channels)")
+    H, d, N, G = mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, mixer.n_groups
+    I, norm = mixer.intermediate_size, mixer.norm
+    if H % P or not (G == 1 or G % P == 0):
+        raise ValueError(f"tpnorm.parallel.shard_mamba2_mixer: {name} has {H} heads in {G} "
+                         f"groups; a split over {P} ranks needs the heads to divide by {P} and "
+                         f"n_groups 1 or a multiple of {P}")
+    Hl, Gl = H // P, (1 if G == 1 else G // P)
+    h0, g0, Il = r * Hl, (0 if G == 1 else r * Gl), Hl * d
+
+    def span(start, n):
+        return list(range(start, start + n))
+
+    bc = span(g0 * N, Gl * N)
+    proj = (span(h0 * d, Il) + span(I + h0 * d, Il) + [2 * I + i for i in bc] +
+            [2 * I + G * N + i for i in bc] + span(2 * I + 2 * G * N + h0, Hl))
+    conv = span(h0 * d, Il) + [I + i for i in bc] + [I + G * N + i for i in bc]
+    shared = G == 1 and P > 1  # B and C on every rank: their rows' gradients summed
+    proj_rows = (2 * Il, 2 * Il + 2 * N) if shared else None
+    conv_rows = (Il, Il + 2 * N) if shared else None
+    proj, conv = torch.tensor(proj), torch.tensor(conv)
+    heads = torch.arange(h0, h0 + Hl)
+
+    lin = mixer.in_proj
+    lin.weight, lin.bias = _kept(lin.weight, proj), _kept(lin.bias, proj)
+    lin.out_features = len(proj)
+    lin.__class__ = _heads_class(type(lin), "in_proj", {"forward": _in_proj_forward})
+    lin._tpnorm_heads = (group, proj_rows)
+
+    c1d = mixer.conv1d
+    weight, bias = _kept(c1d.weight, conv), _kept(c1d.bias, conv)
+    c1d.__class__ = _heads_class(type(c1d), "conv1d",
+                                 {"weight": _conv_param("weight"), "bias": _conv_param("bias")})
+    c1d._parameters["weight"], c1d._parameters["bias"] = weight, bias
+    c1d.in_channels = c1d.out_channels = c1d.groups = len(conv)
+    c1d._tpnorm_heads = (group, conv_rows)
+
+    for pname in ("dt_bias", "A_log", "D"):
+        setattr(mixer, pname, _kept(getattr(mixer, pname), heads))
+
+    out = mixer.out_proj
+    out.weight = _kept(out.weight, torch.arange(h0 * d, h0 * d + Il), dim=1)
+    out.in_features = Il
+    out.__class__ = _heads_class(type(out), "out_proj", {"forward": _out_proj_forward})
+    out._tpnorm_heads = (group, None)
+
+    norm.weight = _kept(norm.weight, torch.arange(h0 * d, h0 * d + Il))
+    norm.__class__ = _heads_class(type(norm), "norm", {"forward": _norm_forward})
+    norm._tpnorm_heads = (I, h0 * d, as_communicator(group))
+
+    mixer.num_heads, mixer.intermediate_size, mixer.n_groups = Hl, Il, Gl
+    mixer.conv_dim = Il + 2 * Gl * N
+    mixer.__class__ = _heads_class(type(mixer), "mixer", {"forward": _mixer_forward})
+    return mixer
