@@ -14,45 +14,10 @@ Forward and backward each make exactly one all-reduce for all items.
 """
 import torch
 
-from . import _tpnorm as _C
+from . import _eager as E
 from . import dtensor as D
-from . import functional as F
 from . import library as _lib
 from .comm import as_communicator
-
-
-def _forward(comm, xs, ws, bs, centered, hidden, opt):
-    """(ys, means, rstds) of the K items (plain contiguous tensors), one collective; hidden:
-    each item's whole hidden size (0: not checked)."""
-    items, ys, means, rstds = [], [], [], []
-    for x, w, b, c, n in zip(xs, ws, bs, centered, hidden):
-        y = torch.empty_like(x, memory_format=torch.contiguous_format)
-        sdt = F._stats_dtype(x)
-        rstd = x.new_empty((F._rows(x),), dtype=sdt)
-        mean = x.new_empty((F._rows(x),), dtype=sdt) if c else None
-        items.append((c, F._to_dlpack(x), F._d(w), F._d(b), F._to_dlpack(y), F._d(mean),
-                      F._to_dlpack(rstd), int(n)))
-        ys.append(y)
-        means.append(mean)
-        rstds.append(rstd)
-    _C.batched_norm_forward(comm, items, opt)
-    return ys, means, rstds
-
-
-def _backward(comm, dys, xs, ws, bias_dtypes, means, rstds, centered, hidden, opt):
-    """(dxs, dws, dbs) of _forward's items (None for an absent parameter), one collective;
-    bias_dtypes[i] is None when item i has no bias."""
-    items, grads = [], ([], [], [])
-    for dy, x, w, bdt, mean, rstd, c, n in zip(dys, xs, ws, bias_dtypes, means, rstds, centered,
-                                               hidden):
-        dx, dw, db = F._grads(x, w, x.shape[-1], bdt is not None, bdt)
-        dy = F._grad(dy, x)
-        items.append((c, F._to_dlpack(dy), F._to_dlpack(x), F._d(w), F._d(mean),
-                      F._to_dlpack(rstd), F._to_dlpack(dx), F._d(dw), F._d(db), int(n)))
-        for out, t in zip(grads, (dx, dw, db)):
-            out.append(t)
-    _C.batched_norm_backward(comm, items, opt)
-    return grads
 
 
 class _BatchedRowNorm(torch.autograd.Function):
@@ -66,7 +31,7 @@ class _BatchedRowNorm(torch.autograd.Function):
         xs = [tensors[3 * i].contiguous() for i in range(k)]
         ws = [tensors[3 * i + 1] for i in range(k)]
         bs = [tensors[3 * i + 2] for i in range(k)]
-        ys, means, rstds = _forward(comm, xs, ws, bs, centered, hidden, opt)
+        ys, means, rstds = E.batched_forward(comm, xs, ws, bs, centered, hidden, opt)
         ctx.save_for_backward(*xs, *ws, *means, *rstds)
         ctx.call = call
         ctx.bias_dtypes = [None if b is None else b.dtype for b in bs]
@@ -76,7 +41,7 @@ class _BatchedRowNorm(torch.autograd.Function):
     def backward(ctx, *dys):
         comm, opt, centered, hidden, k = ctx.call
         t = ctx.saved_tensors
-        dxs, dws, dbs = _backward(comm, dys, t[:k], t[k:2 * k], ctx.bias_dtypes,
+        dxs, dws, dbs = E.batched_backward(comm, dys, t[:k], t[k:2 * k], ctx.bias_dtypes,
                                   t[2 * k:3 * k], t[3 * k:], centered, hidden, opt)
         return (None,) + tuple(g for i in range(k) for g in (dxs[i], dws[i], dbs[i]))
 
@@ -154,7 +119,7 @@ def _batched(xs, ws, bs, centered, hidden, comm, handle, eps, stats):
         return _lib.batched_row_norm(list(xs), params, [w is not None for w in ws],
                                      [b is not None for b in bs], list(centered), hidden, h, eps,
                                      stats)[0::3]
-    return _BatchedRowNorm.apply((comm, F.norm_options(eps, stats, 0), tuple(centered),
+    return _BatchedRowNorm.apply((comm, E.norm_options(eps, stats, 0), tuple(centered),
                                   tuple(hidden), len(xs)),
                                  *[t for item in zip(xs, ws, bs) for t in item])
 

@@ -27,6 +27,7 @@ the only collective in a forward or a backward is tpnorm's own all-reduce of sta
 
 import torch
 
+from . import _eager as E
 from . import functional as F
 from .comm import as_communicator, local
 
@@ -115,7 +116,7 @@ class _DRowNorm(torch.autograd.Function):
         tp = _norm_mesh_dim(x)
         xl = x.to_local().contiguous()
         wl, bl = _local_param(weight, x, tp), _local_param(bias, x, tp)
-        y, mean, rstd = F._row_norm_forward(comm, xl, wl, bl, opt, centered)
+        y, mean, rstd = E.row_norm_forward(comm, xl, wl, bl, opt, centered)
         ctx.save_for_backward(xl, wl, mean, rstd)
         ctx.comm, ctx.opt, ctx.centered = comm, opt, centered
         ctx.x, ctx.weight, ctx.bias = _Meta(x), _Meta(weight), _Meta(bias)
@@ -126,7 +127,7 @@ class _DRowNorm(torch.autograd.Function):
     def backward(ctx, dy):
         xl, wl, mean, rstd = ctx.saved_tensors
         x = ctx.x
-        dx, dw, db = F._row_norm_backward(ctx.comm, _local_grad(dy, x), xl, wl, mean, rstd,
+        dx, dw, db = E.row_norm_backward(ctx.comm, _local_grad(dy, x), xl, wl, mean, rstd,
                                           ctx.opt, ctx.centered, ctx.bias.present,
                                           ctx.bias_dtype)
         return (_wrap(dx, x), _wrap_param_grad(dw, ctx.weight, x),
@@ -145,7 +146,7 @@ class _DFusedAddNorm(torch.autograd.Function):
                              "shape and placements")
         xl, fl = x.to_local().contiguous(), f.to_local().contiguous()
         wl, bl = _local_param(weight, x, tp), _local_param(bias, x, tp)
-        h, y, mean, rstd = F._fused_add_norm_forward(comm, xl, fl, wl, bl, alpha, opt,
+        h, y, mean, rstd = E.fused_add_norm_forward(comm, xl, fl, wl, bl, alpha, opt,
                                                      centered)
         ctx.set_materialize_grads(False)
         h, y = _wrap(h, x), _wrap(y, x)
@@ -162,7 +163,7 @@ class _DFusedAddNorm(torch.autograd.Function):
         h, wl, mean, rstd = ctx.saved_tensors
         h = h.to_local()
         x = ctx.x
-        dx, df, dw, db = F._fused_add_norm_backward(
+        dx, df, dw, db = E.fused_add_norm_backward(
             ctx.comm, _local_grad(dh, x), _local_grad(dy, x), h, wl, mean, rstd, ctx.alpha,
             ctx.opt, ctx.centered, ctx.bias.present, ctx.bias_dtype)
         return (_wrap(dx, x), _wrap(df, x), _wrap_param_grad(dw, ctx.weight, x),
@@ -183,9 +184,9 @@ class _DRMSNormGated(torch.autograd.Function):
         xl = x.to_local().contiguous()
         zl = None if z is None else z.to_local().contiguous()
         wl = _local_param(weight, x, tp)
-        gg = F._C.GatedGroups(group_size=group_size, hidden=x.shape[-1],
+        gg = E._C.GatedGroups(group_size=group_size, hidden=x.shape[-1],
                               offset=_shard_offset(x, tp), norm_before_gate=norm_before_gate)
-        y, rstd = F._rms_norm_gated_forward(comm, xl, zl, wl, gg, opt)
+        y, rstd = E.rms_norm_gated_forward(comm, xl, zl, wl, gg, opt)
         ctx.save_for_backward(xl, zl, wl, rstd)
         ctx.comm, ctx.gg, ctx.opt = comm, gg, opt
         ctx.x, ctx.z, ctx.weight = _Meta(x), _Meta(z), _Meta(weight)
@@ -195,7 +196,7 @@ class _DRMSNormGated(torch.autograd.Function):
     def backward(ctx, dy):
         xl, zl, wl, rstd = ctx.saved_tensors
         x = ctx.x
-        dx, dz, dw = F._rms_norm_gated_backward(ctx.comm, _local_grad(dy, x), xl, zl, wl, rstd,
+        dx, dz, dw = E.rms_norm_gated_backward(ctx.comm, _local_grad(dy, x), xl, zl, wl, rstd,
                                                 ctx.gg, ctx.opt)
         return (_wrap(dx, x), None if dz is None else _wrap(dz, x),
                 _wrap_param_grad(dw, ctx.weight, x), None, None, None, None)
@@ -250,7 +251,7 @@ def _options(x, normalized_shape, eps, stats):
         raise ValueError(f"tpnorm: with a DTensor input normalized_shape is the global size "
                          f"of its last dimension ({x.shape[-1]}), got {tuple(shape)}")
     _, hidden, eps = F._row_shape(x, shape, eps)
-    return F.norm_options(eps, stats, hidden)
+    return E.norm_options(eps, stats, hidden)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, process_group=None,
@@ -312,5 +313,5 @@ def rms_norm_gated(input, weight=None, gate=None, eps=1e-5, *, group_size=None,
     comm = _comm_for(input, process_group)
     x, z, w, out = F.gated_inputs(input, gate, weight)  # x and the gate may differ in dtype
     y = _DRMSNormGated.apply(x, z, w, comm, -1 if group_size is None else int(group_size),
-                             bool(norm_before_gate), F.norm_options(eps, stats))
+                             bool(norm_before_gate), E.norm_options(eps, stats))
     return y if out is None else y.to(out)

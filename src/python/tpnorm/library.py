@@ -24,14 +24,14 @@ An op's statistic it does not compute (RMSNorm's mean) and an absent parameter's
 empty tensors. A communicator crosses as an integer ``handle`` (comm_handle): custom ops take
 tensors and scalars only. The modules and functional forms of tpnorm call these ops while
 torch.compile traces them and the autograd Functions of tpnorm.functional in eager mode (the
-same C++ calls; the custom-op dispatch would only add per-call cost there).
+same C++ calls, tpnorm._eager's; the custom-op dispatch would only add per-call cost there).
 """
 from typing import List, Optional, Tuple
 
 import torch
 
 from . import _tpnorm as _C
-from . import functional as F
+from . import _eager as E
 
 _version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 AVAILABLE = _version >= (2, 4) and hasattr(torch.library, "custom_op")
@@ -59,23 +59,23 @@ if AVAILABLE:
     @torch.library.custom_op("tpnorm::row_norm", mutates_args=())
     def row_norm(x: Tensor, weight: OptTensor, bias: OptTensor, handle: int, eps: float,
                  stats: str, centered: bool, hidden_size: int) -> Tuple[Tensor, Tensor, Tensor]:
-        y, mean, rstd = F._row_norm_forward(_comms[handle], x, weight, bias,
-                                            F.norm_options(eps, stats, hidden_size), centered)
+        y, mean, rstd = E.row_norm_forward(_comms[handle], x, weight, bias,
+                                            E.norm_options(eps, stats, hidden_size), centered)
         return y, (_absent(x) if mean is None else mean), rstd
 
     @row_norm.register_fake
     def _(x, weight, bias, handle, eps, stats, centered, hidden_size):
-        rows = F._rows(x)
-        mean = x.new_empty((rows,), dtype=F._stats_dtype(x)) if centered else _absent(x)
-        return torch.empty_like(x), mean, x.new_empty((rows,), dtype=F._stats_dtype(x))
+        rows = E._rows(x)
+        mean = x.new_empty((rows,), dtype=E._stats_dtype(x)) if centered else _absent(x)
+        return torch.empty_like(x), mean, x.new_empty((rows,), dtype=E._stats_dtype(x))
 
     @torch.library.custom_op("tpnorm::row_norm_backward", mutates_args=())
     def row_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
                           mean: Tensor, rstd: Tensor, handle: int, eps: float, stats: str,
                           centered: bool, hidden_size: int) -> Tuple[Tensor, Tensor, Tensor]:
-        dx, dw, db = F._row_norm_backward(
+        dx, dw, db = E.row_norm_backward(
             _comms[handle], dy, x, weight, mean if centered else None, rstd,
-            F.norm_options(eps, stats, hidden_size), centered, bias is not None,
+            E.norm_options(eps, stats, hidden_size), centered, bias is not None,
             None if bias is None else bias.dtype)
         return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
 
@@ -114,11 +114,9 @@ if AVAILABLE:
     def batched_row_norm(xs: List[Tensor], params: List[Tensor], has_weight: List[bool],
                          has_bias: List[bool], centered: List[bool], hidden: List[int],
                          handle: int, eps: float, stats: str) -> List[Tensor]:
-        from .batched import _forward
-
         ws, bs = _split_params(params, has_weight, has_bias)
-        ys, means, rstds = _forward(_comms[handle], [x.contiguous() for x in xs], ws, bs,
-                                    centered, hidden, F.norm_options(eps, stats, 0))
+        ys, means, rstds = E.batched_forward(_comms[handle], [x.contiguous() for x in xs], ws, bs,
+                                    centered, hidden, E.norm_options(eps, stats, 0))
         return [t for y, m, r, x in zip(ys, means, rstds, xs)
                 for t in (y, _absent(x) if m is None else m, r)]
 
@@ -126,7 +124,7 @@ if AVAILABLE:
     def _(xs, params, has_weight, has_bias, centered, hidden, handle, eps, stats):
         out = []
         for x, c in zip(xs, centered):
-            rows, sdt = F._rows(x), F._stats_dtype(x)
+            rows, sdt = E._rows(x), E._stats_dtype(x)
             out += [torch.empty_like(x, memory_format=torch.contiguous_format),
                     x.new_empty((rows,), dtype=sdt) if c else _absent(x),
                     x.new_empty((rows,), dtype=sdt)]
@@ -139,14 +137,12 @@ if AVAILABLE:
                                   centered: List[bool], hidden: List[int], handle: int,
                                   eps: float, stats: str) -> List[Tensor]:
         """[dx_0, ..., dx_{K-1}] then the present parameters' gradients, in params' order."""
-        from .batched import _backward
-
         ws, bs = _split_params(params, has_weight, has_bias)
-        dxs, dws, dbs = _backward(
+        dxs, dws, dbs = E.batched_backward(
             _comms[handle], dys, [x.contiguous() for x in xs], ws,
             [None if b is None else b.dtype for b in bs],
             [m if c else None for m, c in zip(means, centered)], rstds, centered, hidden,
-            F.norm_options(eps, stats, 0))
+            E.norm_options(eps, stats, 0))
         return list(dxs) + [t for t in dws if t is not None] + [t for t in dbs if t is not None]
 
     @batched_row_norm_backward.register_fake
@@ -175,26 +171,26 @@ if AVAILABLE:
     def fused_add_norm(x: Tensor, f: Tensor, weight: OptTensor, bias: OptTensor, alpha: float,
                        handle: int, eps: float, stats: str, centered: bool,
                        hidden_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        h, y, mean, rstd = F._fused_add_norm_forward(_comms[handle], x, f, weight, bias, alpha,
-                                                     F.norm_options(eps, stats, hidden_size),
+        h, y, mean, rstd = E.fused_add_norm_forward(_comms[handle], x, f, weight, bias, alpha,
+                                                     E.norm_options(eps, stats, hidden_size),
                                                      centered)
         return h, y, (_absent(x) if mean is None else mean), rstd
 
     @fused_add_norm.register_fake
     def _(x, f, weight, bias, alpha, handle, eps, stats, centered, hidden_size):
-        rows = F._rows(x)
-        mean = x.new_empty((rows,), dtype=F._stats_dtype(x)) if centered else _absent(x)
+        rows = E._rows(x)
+        mean = x.new_empty((rows,), dtype=E._stats_dtype(x)) if centered else _absent(x)
         return (torch.empty_like(x), torch.empty_like(x), mean,
-                x.new_empty((rows,), dtype=F._stats_dtype(x)))
+                x.new_empty((rows,), dtype=E._stats_dtype(x)))
 
     @torch.library.custom_op("tpnorm::fused_add_norm_backward", mutates_args=())
     def fused_add_norm_backward(dh: OptTensor, dy: Tensor, h: Tensor, weight: OptTensor,
                                 bias: OptTensor, mean: Tensor, rstd: Tensor, alpha: float,
                                 handle: int, eps: float, stats: str, centered: bool,
                                 hidden_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        dx, df, dw, db = F._fused_add_norm_backward(
+        dx, df, dw, db = E.fused_add_norm_backward(
             _comms[handle], dh, dy, h, weight, mean if centered else None, rstd, alpha,
-            F.norm_options(eps, stats, hidden_size), centered, bias is not None,
+            E.norm_options(eps, stats, hidden_size), centered, bias is not None,
             None if bias is None else bias.dtype)
         return dx, df, (_absent(h) if dw is None else dw), (_absent(h) if db is None else db)
 
@@ -227,14 +223,14 @@ if AVAILABLE:
                    channel_offset: int, handle: int, eps: float, stats: str,
                    instance: bool) -> Tuple[Tensor, Tensor, Tensor]:
         cg = _C.ChannelGroups(groups=groups, channels=channels, channel_offset=channel_offset)
-        return F._group_norm_forward(_comms[handle], x, weight, bias, cg,
-                                     F.norm_options(eps, stats), instance)
+        return E.group_norm_forward(_comms[handle], x, weight, bias, cg,
+                                     E.norm_options(eps, stats), instance)
 
     @group_norm.register_fake
     def _(x, weight, bias, groups, channels, channel_offset, handle, eps, stats, instance):
         g = channels if instance else groups
-        return (torch.empty_like(x), x.new_empty((x.shape[0], g), dtype=F._stats_dtype(x)),
-                x.new_empty((x.shape[0], g), dtype=F._stats_dtype(x)))
+        return (torch.empty_like(x), x.new_empty((x.shape[0], g), dtype=E._stats_dtype(x)),
+                x.new_empty((x.shape[0], g), dtype=E._stats_dtype(x)))
 
     @torch.library.custom_op("tpnorm::group_norm_backward", mutates_args=())
     def group_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
@@ -242,8 +238,8 @@ if AVAILABLE:
                             channel_offset: int, handle: int, eps: float, stats: str,
                             instance: bool) -> Tuple[Tensor, Tensor, Tensor]:
         cg = _C.ChannelGroups(groups=groups, channels=channels, channel_offset=channel_offset)
-        dx, dw, db = F._group_norm_backward(_comms[handle], dy, x, weight, mean, rstd, cg,
-                                            F.norm_options(eps, stats), instance,
+        dx, dw, db = E.group_norm_backward(_comms[handle], dy, x, weight, mean, rstd, cg,
+                                            E.norm_options(eps, stats), instance,
                                             bias is not None)
         return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
 
@@ -270,8 +266,8 @@ if AVAILABLE:
     # --- SyncBatchNorm ----------------------------------------------------------------------
     def _bn_options(x, training, momentum, eps, stats):
         return _C.BatchNormOptions(eps=eps, momentum=momentum, training=training,
-                                   layout=F._LAYOUT[F._channels_last(x)],
-                                   stats=F._STATS[stats])
+                                   layout=E._LAYOUT[E._channels_last(x)],
+                                   stats=E._STATS[stats])
 
     # Functional (autograd needs it): the updated running statistics are returned, and the
     # caller copies them into its buffers; on failure nothing is returned to copy.
@@ -282,16 +278,16 @@ if AVAILABLE:
         opt = _bn_options(x, training, momentum, eps, stats)
         rm = _absent(x) if running_mean is None else running_mean.clone()
         rv = _absent(x) if running_var is None else running_var.clone()
-        y, save_mean, save_invstd = F._sync_batch_norm_forward(
+        y, save_mean, save_invstd = E.sync_batch_norm_forward(
             _comms[handle], x, weight, bias, None if running_mean is None else rm,
-            None if running_var is None else rv, opt, F._channels_last(x))
+            None if running_var is None else rv, opt, E._channels_last(x))
         return y, save_mean, save_invstd, rm, rv
 
     @sync_batch_norm.register_fake
     def _(x, weight, bias, running_mean, running_var, handle, training, momentum, eps, stats):
         C = x.shape[1]
-        return (torch.empty_like(x), x.new_empty((C,), dtype=F._stats_dtype(x)),
-                x.new_empty((C,), dtype=F._stats_dtype(x)),
+        return (torch.empty_like(x), x.new_empty((C,), dtype=E._stats_dtype(x)),
+                x.new_empty((C,), dtype=E._stats_dtype(x)),
                 _absent(x) if running_mean is None else torch.empty_like(running_mean),
                 _absent(x) if running_var is None else torch.empty_like(running_var))
 
@@ -301,8 +297,8 @@ if AVAILABLE:
                                  training: bool, momentum: float, eps: float,
                                  stats: str) -> Tuple[Tensor, Tensor, Tensor]:
         opt = _bn_options(x, training, momentum, eps, stats)
-        dx, dw, db = F._sync_batch_norm_backward(
-            _comms[handle], dy, x, weight, save_mean, save_invstd, opt, F._channels_last(x),
+        dx, dw, db = E.sync_batch_norm_backward(
+            _comms[handle], dy, x, weight, save_mean, save_invstd, opt, E._channels_last(x),
             bias is not None, None if bias is None else bias.dtype)
         return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
 
@@ -336,14 +332,14 @@ if AVAILABLE:
                        offset: int, norm_before_gate: bool, handle: int, eps: float,
                        stats: str) -> Tuple[Tensor, Tensor]:
         gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
-        return F._rms_norm_gated_forward(_comms[handle], x, z, weight, gg,
-                                         F.norm_options(eps, stats))
+        return E.rms_norm_gated_forward(_comms[handle], x, z, weight, gg,
+                                         E.norm_options(eps, stats))
 
     @rms_norm_gated.register_fake
     def _(x, z, weight, group_size, hidden, offset, norm_before_gate, handle, eps, stats):
         gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
-        return (torch.empty_like(x), x.new_empty((F._rows(x), F._gated_groups_count(x, gg)),
-                                                 dtype=F._stats_dtype(x)))
+        return (torch.empty_like(x), x.new_empty((E._rows(x), E._gated_groups_count(x, gg)),
+                                                 dtype=E._stats_dtype(x)))
 
     @torch.library.custom_op("tpnorm::rms_norm_gated_backward", mutates_args=())
     def rms_norm_gated_backward(dy: Tensor, x: Tensor, z: OptTensor, weight: OptTensor,
@@ -351,8 +347,8 @@ if AVAILABLE:
                                 norm_before_gate: bool, handle: int, eps: float,
                                 stats: str) -> Tuple[Tensor, Tensor, Tensor]:
         gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
-        dx, dz, dw = F._rms_norm_gated_backward(_comms[handle], dy, x, z, weight, rstd, gg,
-                                                F.norm_options(eps, stats))
+        dx, dz, dw = E.rms_norm_gated_backward(_comms[handle], dy, x, z, weight, rstd, gg,
+                                                E.norm_options(eps, stats))
         return dx, (_absent(x) if dz is None else dz), (_absent(x) if dw is None else dw)
 
     @rms_norm_gated_backward.register_fake

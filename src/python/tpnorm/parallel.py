@@ -33,7 +33,10 @@ from . import dtensor as D
 from . import functional as F
 from . import library as _lib
 from . import norm_classes
+from .batched import _batched
+from .comm import as_communicator
 from .comm import handle_of as comm_handle
+from .modules import ShardedRMSNormGated, _ShardedChannelNorm, _ShardedRowNorm
 
 if D.AVAILABLE:
     from torch.distributed.tensor import DTensor, Shard, distribute_module, distribute_tensor
@@ -290,8 +293,6 @@ def _same(t):
 def _pair(q_mod, k_mod, q, k):
     """q_norm(q), k_norm(k) of two sharded norms (see _shard_norm) with one all-reduce, on this
     rank's columns (plain tensors, as the attention's projections and heads use them)."""
-    from .batched import _batched
-
     mods = (q_mod, k_mod)
     after = [m._tpnorm[0].weight_after_cast for m in mods]
     ws = [None if a else _local(m.weight) for a, m in zip(after, mods)]
@@ -382,8 +383,6 @@ class QKNormPair(ParallelStyle):
 # ShardedRMSNormGated: [C_local] slices at their own offsets).
 
 def _sharded_modules(model):
-    from .modules import _ShardedChannelNorm, _ShardedRowNorm, ShardedRMSNormGated
-
     kinds = (_ShardedRowNorm, _ShardedChannelNorm, ShardedRMSNormGated)
     return [(n, m) for n, m in model.named_modules() if isinstance(m, kinds)]
 
@@ -637,8 +636,6 @@ def shard_mamba2_mixer(mixer, process_group=None):
     rank's rows and state_dict keys stay the mixer's: load the unsharded checkpoint first,
     then shard."""
     import torch.distributed as dist
-
-    from .comm import as_communicator
 
     group = dist.group.WORLD if process_group is None else process_group
     P, r = dist.get_world_size(group), dist.get_rank(group)
