@@ -2,7 +2,7 @@
 
 The report a bug report starts with (as torch's `python -m torch.utils.collect_env`): versions,
 the torch built against and the one running, the backends compiled in, the NCCL, CUDA runtime
-and MPI libraries actually loaded (path and version), whether the row norms' C++ autograd is
+and MPI libraries actually loaded (path and version), whether the ops' C++ autograd is
 active and why not, the communicators usable now, and the TPNORM_* variables set. It starts no
 MPI and no process group: it only looks.
 """
@@ -74,7 +74,7 @@ def report():
     lines.append(f"MPI: {mpi['version'].strip().splitlines()[0]} ({mpi['path']})")
     lines.append(f"MPI at build: {b.MPI}")
     if F.CPP_AUTOGRAD:
-        lines.append("tpnorm._autograd: active (the row norms' C++ autograd)")
+        lines.append("tpnorm._autograd: active (every op's C++ autograd)")
     else:
         lines.append(f"tpnorm._autograd: not active: {F.CPP_AUTOGRAD_REASON}")
     lines.append("communicators: " + "; ".join(_communicators(torch, nccl is not None)))

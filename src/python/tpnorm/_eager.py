@@ -153,7 +153,7 @@ REBUILD = ("pip install scikit-build-core pybind11 && "
 
 
 def _say_slow_path(reason):
-    """Says once per process, on rank 0 (or where no launcher names a rank), that the row norms
+    """Says once per process, on rank 0 (or where no launcher names a rank), that tpnorm's ops
     run through the Python Functions and how to get the C++ path: a silent fallback would cost
     every training step its overhead. Not said when the user chose it (TPNORM_PYTHON_AUTOGRAD)."""
     if reason is None or os.environ.get("TPNORM_PYTHON_AUTOGRAD", "0") not in ("", "0"):
@@ -163,12 +163,12 @@ def _say_slow_path(reason):
             return
     fix = ("install torch's C++ headers (Debian: libtorch-dev), then rebuild"
            if "C++ headers" in reason else "rebuild against this torch")
-    print(f"tpnorm: the row norms use the slower Python autograd path ({reason}). To get the "
+    print(f"tpnorm: the ops use the slower Python autograd path ({reason}). To get the "
           f"C++ path, {fix}: {REBUILD}. `python -m tpnorm` shows the build.", file=sys.stderr)
 
 
-# The row norms' eager autograd: C++ (tpnorm._autograd) where it was built for this torch, else
-# the Python Function _RowNorm below; CPP_AUTOGRAD says which, CPP_AUTOGRAD_REASON why not.
+# Every op's eager autograd: C++ (tpnorm._autograd) where it was built for this torch, else
+# the Python Functions of tpnorm.functional; CPP_AUTOGRAD says which, CPP_AUTOGRAD_REASON why not.
 _autograd, CPP_AUTOGRAD_REASON = _load_autograd()
 
 

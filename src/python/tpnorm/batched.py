@@ -16,8 +16,9 @@ import torch
 
 from . import _eager as E
 from . import dtensor as D
+from . import functional as F
 from . import library as _lib
-from .comm import as_communicator
+from .comm import address_of, as_communicator
 
 
 class _BatchedRowNorm(torch.autograd.Function):
@@ -119,6 +120,11 @@ def _batched(xs, ws, bs, centered, hidden, comm, handle, eps, stats):
         return _lib.batched_row_norm(list(xs), params, [w is not None for w in ws],
                                      [b is not None for b in bs], list(centered), hidden, h, eps,
                                      stats)[0::3]
+    if F._cpp(*xs):
+        params = [w for w in ws if w is not None] + [b for b in bs if b is not None]
+        return tuple(E._autograd.batched_row_norm(
+            list(xs), params, [w is not None for w in ws], [b is not None for b in bs],
+            [bool(c) for c in centered], hidden, address_of(comm), E._opt_address(eps, stats, 0)))
     return _BatchedRowNorm.apply((comm, E.norm_options(eps, stats, 0), tuple(centered),
                                   tuple(hidden), len(xs)),
                                  *[t for item in zip(xs, ws, bs) for t in item])

@@ -44,6 +44,12 @@ class _RowNorm(torch.autograd.Function):
         return dx, dw, db, None
 
 
+def _cpp(*tensors):
+    """Whether the eager call takes tpnorm._autograd's C++ autograd: where it was built for this
+    torch, on plain tensors (not DTensors or other subclasses; None: absent)."""
+    return E._autograd is not None and all(t is None or type(t) is E._Tensor for t in tensors)
+
+
 def _row_shape(x, normalized_shape, eps):
     """(hidden size, x and the parameters' flattening, eps) of a row norm over the trailing
     dims normalized_shape (the last one sharded): rows are x's leading dims."""
@@ -68,7 +74,7 @@ def _row_norm(x, normalized_shape, weight, bias, comm, eps, stats, centered, han
     if _lib.compiling():
         h = _lib.comm_handle(comm) if handle is None else handle
         y = _lib.row_norm(x, weight, bias, h, float(eps), stats, centered, hidden)[0]
-    elif E._autograd is not None and type(x) is E._Tensor:
+    elif _cpp(x):
         y = E._autograd.row_norm(x, weight, bias, address_of(comm),
                                E._opt_address(eps, stats, hidden), centered)
     else:
@@ -135,6 +141,9 @@ def _fused_add_norm(x, f, normalized_shape, weight, bias, alpha, comm, eps, stat
         out = _lib.fused_add_norm(x, f, weight, bias, float(alpha), h, float(eps), stats,
                                   centered, hidden)
         h, y = out[0], out[1]
+    elif _cpp(x, f):
+        h, y = E._autograd.fused_add_norm(x, f, weight, bias, float(alpha), address_of(comm),
+                                          E._opt_address(eps, stats, hidden), centered)
     else:
         h, y = _FusedAddNorm.apply(x, f, weight, bias, float(alpha), comm,
                                    E.norm_options(eps, stats, hidden), centered)
@@ -231,6 +240,9 @@ def _group_norm(x, weight, bias, cg, comm, eps, stats, instance, handle=None):
     if _lib.compiling():
         h = _lib.comm_handle(comm) if handle is None else handle
         return _lib.group_norm(x, weight, bias, *cg, h, float(eps), stats, instance)[0]
+    if _cpp(x):
+        return E._autograd.group_norm(x, weight, bias, *cg, address_of(comm),
+                                      E._opt_address(eps, stats, 0), instance)
     cg = _C.ChannelGroups(groups=cg[0], channels=cg[1], channel_offset=cg[2])
     return _GroupNorm.apply(x, weight, bias, cg, comm, E.norm_options(eps, stats), instance)
 
@@ -309,11 +321,14 @@ def _rms_norm_gated(x, z, weight, group_size, hidden, offset, norm_before_gate, 
         h = _lib.comm_handle(comm) if handle is None else handle
         return _lib.rms_norm_gated(x, z, weight, group_size, hidden, offset, norm_before_gate, h,
                                    float(eps), stats)[0]
+    x, z = x.contiguous(), None if z is None else z.contiguous()
+    if _cpp(x, z):
+        return E._autograd.rms_norm_gated(x, z, weight, group_size, hidden, offset,
+                                          norm_before_gate, address_of(comm),
+                                          E._opt_address(eps, stats, 0))
     gg = _C.GatedGroups(group_size=group_size, hidden=hidden, offset=offset,
                         norm_before_gate=norm_before_gate)
-    if z is not None:
-        z = z.contiguous()
-    return _RMSNormGated.apply(x.contiguous(), z, weight, (comm, gg, E.norm_options(eps, stats)))
+    return _RMSNormGated.apply(x, z, weight, (comm, gg, E.norm_options(eps, stats)))
 
 
 class _SyncBatchNorm(torch.autograd.Function):
@@ -379,6 +394,10 @@ def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, tr
             running_var.copy_(rv)
         return y
     channels_last = E._channels_last(x)
+    if _cpp(x):
+        return E._autograd.sync_batch_norm(x, weight, bias, running_mean, running_var,
+                                           address_of(comm), float(eps), momentum, bn_training,
+                                           channels_last, int(E._STATS[stats]))
     opt = _C.BatchNormOptions(eps=eps, momentum=momentum,
                               training=bn_training, layout=E._LAYOUT[channels_last],
                               stats=E._STATS[stats])
