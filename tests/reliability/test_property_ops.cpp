@@ -25,6 +25,7 @@
 #include "batch_norm_reference.h"
 #include "batched_runner.h"
 #include "fused_reference.h"
+#include "gated_reference.h"
 #include "group_reference.h"
 #include "harness.h"
 #include "property_driver.h"
@@ -372,15 +373,75 @@ PropertyCase draw_batched(std::mt19937_64& g, int P) {
           }};
 }
 
+// ---- the gated RMSNorm: channels sharded unevenly, groups spanning ranks, either gate order --
+PropertyCase draw_gated(std::mt19937_64& g, int P) {
+  GatedSetup st;
+  st.dt = draw_dtype(g);
+  st.saved = pick(g, 2) ? DType::F64 : DType::F32;
+  st.rows = 1 + pick(g, 8);
+  const int64_t groups = 1 + pick(g, 4), group_size = 1 + pick(g, 12);
+  const int64_t H = groups * group_size;
+  const bool nbg = pick(g, 2), gated = pick(g, 4) != 0;
+  st.weighted = pick(g, 2);
+  const std::vector<int> w = draw_weights(g, P);
+  const std::string what = "gated RMSNorm rows=" + std::to_string(st.rows) + " H=" +
+                           std::to_string(H) + " group_size=" + std::to_string(group_size) +
+                           " split=" + str(w) + " norm_before_gate=" + std::to_string(nbg) +
+                           " gate=" + std::to_string(gated) + " weight=" +
+                           std::to_string(st.weighted) + " " + dtype_name(st.dt) +
+                           " saved=" + dtype_name(st.saved);
+  return {"RMSNormGated", what, [=](Communicator& comm, uint64_t seed) {
+            const Split sp = split_weighted(H, w);
+            const int64_t c0 = sp.offset[comm.rank()], nc = sp.count[comm.rank()];
+            GatedSetup s = st;
+            s.param = st.dt;
+            s.c_local = nc;
+            s.gated = gated;
+            s.gg = {group_size, H, c0, nbg};
+            const int64_t R = s.rows;
+            const auto x = rounded(s.dt, normal(seed, 0, R * H, 0.5, 1.5));
+            const auto z = gated ? rounded(s.dt, normal(seed, 1, R * H, 0.0, 2.0))
+                                 : std::vector<float>{};
+            const auto weight = if_present(s.weighted, s.dt, normal(seed, 2, H, 1.0, 0.5));
+            const auto dy = rounded(s.dt, normal(seed, 3, R * H));
+            auto cols_of = [&](const std::vector<float>& v, int64_t rows) {
+              return v.empty() ? v : columns(v, rows, H, c0, nc);
+            };
+            const GatedOut got =
+                run_gated(comm, s, cols_of(x, R), cols_of(z, R), cols_of(weight, 1), cols_of(dy, R));
+            const GatedRef ref =
+                rms_norm_gated_reference(x, z, R, H, group_size, nbg, weight, kEps, dy);
+            const double rt = storage_rtol(s.dt);
+            auto cols_d = [&](const std::vector<double>& v, int64_t rows) {
+              std::vector<double> out;
+              for (int64_t r = 0; r < rows; ++r)
+                out.insert(out.end(), v.begin() + r * H + c0, v.begin() + r * H + c0 + nc);
+              return out;
+            };
+            int64_t wrong = count_wrong("y", got.y, cols_d(ref.y, R), rt, rt) +
+                            count_wrong("rstd", got.rstd, ref.rstd, 0, 1e-5) +
+                            count_wrong("dx", got.dx, cols_d(ref.dx, R),
+                                        4 * rt * std::max(1.0, max_of(ref.rstd)), 10 * rt);
+            if (gated)
+              wrong += count_wrong("dz", got.dz, cols_d(ref.dz, R),
+                                   4 * rt * std::max(1.0, max_of(ref.rstd)), 10 * rt);
+            if (s.weighted)
+              wrong += count_wrong("dweight", got.dweight, cols_d(ref.dweight, 1), rt * R, rt);
+            return wrong;
+          }};
+}
+
 TEST(PropertyOps, RandomCasesOfEveryOpMatchTheirFloat64References) {
   run_random_cases(kCases, kSeed, [](std::mt19937_64& g, int P) {
-    switch (pick(g, 4)) {
+    switch (pick(g, 5)) {
       case 0:
         return draw_bn(g, P);
       case 1:
         return draw_group(g, P);
       case 2:
         return draw_fused(g, P);
+      case 3:
+        return draw_gated(g, P);
       default:
         return draw_batched(g, P);
     }
