@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/nvtx.h"
@@ -249,6 +250,9 @@ class StartedOp {
   void plan_chunks(const ChunkInfo& info, const chunking::Request& req);
   ChunkRows chunk(int64_t k) const;
   void partial_chunk(int64_t k);
+  // A partial that failed after the call header was checked: thrown at one rank, else the job
+  // ends (the peers would apply this rank's missing statistics).
+  [[noreturn]] void failed_after_header(const std::string& what);
   void start_chunk(int64_t k);
   void apply_chunk(int64_t k);
 

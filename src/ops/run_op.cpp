@@ -264,12 +264,14 @@ void StartedOp::start() {
   // Device calls always take the pipelined path: the chunked backward adds its column sums
   // chunk by chunk into chunk 0's scratch slices (ops/cuda/row_chunks_cuda.h), which one whole
   // partial would not leave.
+  bool header_first = false;  // checked before the partial: its failure cannot reach the peers
   if (may_chunk && !call_.failed() &&
       (req.mode == chunking::Mode::kOn || on_device_ ||
        info.local_bytes >= rule.min_chunks * rule.chunk_bytes)) {
     {
       nvtx::Phase phase(trace_, "collective");
       call_.check_header_first();  // throws on every rank together
+      header_first = true;
     }
     plan_chunks(info, req);
     if (plan_.chunks > 1) {
@@ -294,8 +296,10 @@ void StartedOp::start() {
         op_.partial(call_);
       if (table_values_ > 0) call_.write_slice(table_at_, slice_.offset, slice_.count);
     } catch (const Error& e) {
+      if (header_first) failed_after_header(e.what());
       call_.fail(e.what(), e.code());
     } catch (const std::exception& e) {
+      if (header_first) failed_after_header(e.what());
       call_.fail(e.what(), on_device_ ? ErrorCode::kCommunication : ErrorCode::kInternal);
     }
   }
@@ -334,7 +338,16 @@ ChunkRows StartedOp::chunk(int64_t k) const {
 
 // After the header's check every rank relies on this rank's statistics: a partial that throws
 // now cannot be reported in the collective any more, so it ends the job (as PackedCall does for
-// a partial that fails after a strict header was sent); at one rank it is thrown.
+// a partial that fails after a strict header was sent); at one rank it is thrown. Applying the
+// summed statistics anyway would write every rank's outputs from this rank's missing ones.
+void StartedOp::failed_after_header(const std::string& what) {
+  if (comm_.size() == 1) throw Error(ErrorCode::kInternal, what);
+  comm_.abort_job("tpnorm: rank " + std::to_string(comm_.rank()) + " of " +
+                  std::to_string(comm_.size()) + ": " + op_.name() +
+                  " failed after its call header was checked: " + what +
+                  "; ending the job (the other ranks would use this rank's missing statistics)");
+}
+
 void StartedOp::partial_chunk(int64_t k) {
   nvtx::Phase phase(trace_, "partial");
   try {
@@ -344,11 +357,7 @@ void StartedOp::partial_chunk(int64_t k) {
       op_.partial_rows(call_, chunk(k));
   } catch (const std::exception& e) {
     if (comm_.size() == 1) throw;  // no peer relies on this rank's statistics
-    comm_.abort_job("tpnorm: rank " + std::to_string(comm_.rank()) + " of " +
-                    std::to_string(comm_.size()) + ": " + op_.name() + " failed in chunk " +
-                    std::to_string(k) + " after its call header was checked: " + e.what() +
-                    "; ending the job (the other ranks would use this rank's missing "
-                    "statistics)");
+    failed_after_header(std::string("chunk ") + std::to_string(k) + ": " + e.what());
   }
   partials_ = k + 1;
 }

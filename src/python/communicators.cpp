@@ -10,6 +10,7 @@
 #include "tpnorm/error.h"
 #include "tpnorm/mpi.h"
 #ifdef TPNORM_WITH_NCCL
+#include "common/cuda_check.h"
 #include "tpnorm/cuda.h"
 #endif
 
@@ -125,10 +126,11 @@ std::shared_ptr<Communicator> nccl_communicator(py::bytes unique_id, int rank, i
     throw Error(ErrorCode::kInvalidArgument,
                 "tpnorm: an ncclUniqueId has " + std::to_string(sizeof(id.internal)) + " bytes");
   std::copy(raw.begin(), raw.end(), id.internal);
-  if (cudaSetDevice(device) != cudaSuccess)
-    throw Error(ErrorCode::kCommunication, "tpnorm: cudaSetDevice failed");
+  // ncclCommInitRank takes the current device; the caller's is restored after, as torch's
+  // own calls leave it.
   ncclComm_t nccl = nullptr;
   {
+    const detail::DeviceGuard guard(device);
     py::gil_scoped_release nogil;  // every rank of the group blocks here together
     nccl_check(ncclCommInitRank(&nccl, size, id, rank), "ncclCommInitRank");
   }

@@ -9,9 +9,13 @@
 #include <chrono>
 #include <vector>
 
+#include "comm/device_comm.h"
 #include "communicators.h"
 #include "tensor_args.h"
 #include "tpnorm/batch_norm.h"
+#ifdef TPNORM_WITH_CUDA
+#include "tpnorm/cuda.h"
+#endif
 #include "tpnorm/batched.h"
 #include "tpnorm/error.h"
 #include "tpnorm/fused.h"
@@ -81,7 +85,17 @@ void bind_communicators(py::module_& m) {
       .def_property_readonly("sequence", &Communicator::sequence)
       .def_property_readonly("size_checked_sum_bytes", &Communicator::size_checked_sum_bytes)
       .def("set_strict_calls", &Communicator::set_strict_calls, arg("n"))
-      .def("set_timeout", &Communicator::set_timeout, arg("seconds"));
+      .def("set_timeout", &Communicator::set_timeout, arg("seconds"))
+      // A device communicator's stream (a cudaStream_t as an integer; 0: none, or the legacy
+      // default stream) and whether it is being captured into a CUDA graph.
+      .def_property_readonly("stream",
+                             [](const Communicator& c) {
+                               return reinterpret_cast<uintptr_t>(c.stream());
+                             })
+      .def_property_readonly("capturing", [](const Communicator& c) {
+        auto* d = dynamic_cast<const detail::DeviceCommunicator*>(&c);
+        return d != nullptr && d->capturing();
+      });
   m.def("single_communicator",
         [] { return std::shared_ptr<Communicator>(make_single_communicator()); });
   m.def("mpi_communicator", &mpi_communicator, arg("fortran_handle"));
@@ -91,6 +105,27 @@ void bind_communicators(py::module_& m) {
   m.def("nccl_unique_id", &nccl_unique_id);
   m.def("nccl_communicator", &nccl_communicator, arg("unique_id"), arg("rank"), arg("size"),
         arg("device"), arg("stream"));
+#ifdef TPNORM_WITH_CUDA
+  m.def(
+      "cuda_single_communicator",
+      [](int device, uintptr_t stream) {
+        return std::shared_ptr<Communicator>(
+            make_cuda_single_communicator(reinterpret_cast<cudaStream_t>(stream), device));
+      },
+      arg("device"), arg("stream"));
+  m.def(
+      "cuda_check_errors",
+      [](Communicator& c) {
+        py::gil_scoped_release nogil;
+        cuda_check_errors(c);
+      },
+      arg("comm"));
+#else
+  m.def("cuda_single_communicator", [](int, uintptr_t) -> std::shared_ptr<Communicator> {
+    throw Error(ErrorCode::kInvalidArgument, "tpnorm: this build has no CUDA backend");
+  });
+  m.def("cuda_check_errors", [](Communicator&) {});
+#endif
   m.def(
       "slice_offset",
       [](Communicator& c, int64_t count, int64_t total) {

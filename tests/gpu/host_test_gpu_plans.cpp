@@ -202,4 +202,29 @@ TEST(GpuPlanChannels, SplitsCoverTheOuterDimension) {
       }
 }
 
+// The gated RMSNorm's partials visit only the groups a rank holds a channel of (a group may
+// span ranks), and its dweight sums cut the rows into tiles of at least kGatedDwRows.
+TEST(GpuPlanGated, HeldGroupsAreTheOnesTheSliceTouches) {
+  // 8 groups of 4 channels; a rank holding [6, 13) touches groups 1, 2 and 3.
+  GatedHeld h = gated_held(6, 7, 4, 8);
+  EXPECT_EQ(h.first, 1);
+  EXPECT_EQ(h.count, 3);
+  h = gated_held(0, 32, 4, 8);  // every channel: every group
+  EXPECT_EQ(h.first, 0);
+  EXPECT_EQ(h.count, 8);
+  h = gated_held(8, 4, 4, 8);  // one whole group
+  EXPECT_EQ(h.first, 2);
+  EXPECT_EQ(h.count, 1);
+  EXPECT_EQ(gated_held(5, 0, 4, 8).count, 0);  // a rank with no channel
+  EXPECT_EQ(gated_held(3, 2, 32, 1).count, 1);  // one group of all channels
+}
+
+TEST(GpuPlanGated, DweightRowTiles) {
+  EXPECT_EQ(gated_dw_row_tiles(1), 1);
+  EXPECT_EQ(gated_dw_row_tiles(kGatedDwRows), 1);
+  EXPECT_EQ(gated_dw_row_tiles(kGatedDwRows + 1), 2);
+  EXPECT_EQ(gated_dw_row_tiles(32768), kGatedDwMaxTiles);  // 32K rows: 128 tiles of 256 rows
+  EXPECT_EQ(gated_dw_row_tiles(0), 1);
+}
+
 }  // namespace

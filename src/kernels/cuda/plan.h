@@ -157,6 +157,26 @@ inline size_t row_bwd_scratch_bytes(int64_t rows, int64_t h) {
 // A tensor without elements (a zero dim anywhere, e.g. a zero-size spatial dim [4, 8, 0, 5])
 // gets splits = 0: no kernel reads x, whose pointer may be null.
 
+// The gated RMSNorm (rms_norm_gated.cu). Its partials run over the (row, group) slots of the
+// groups this rank holds a channel of only; its dweight sums over the rows in 2-D tiles: each
+// block sums one tile of channels over one tile of rows, then one pass adds each channel's tile
+// partials in tile order (deterministic, as the row norms' dgamma).
+struct GatedHeld {
+  int64_t first = 0, count = 0;  ///< the groups [first, first + count) this rank holds
+};
+inline GatedHeld gated_held(int64_t c0, int64_t c_local, int64_t group_size, int64_t groups) {
+  if (c_local <= 0 || group_size <= 0 || groups <= 0) return {};
+  const int64_t first = c0 / group_size, last = (c0 + c_local - 1) / group_size;
+  return {first, std::min(last, groups - 1) - first + 1};
+}
+inline constexpr int64_t kGatedDwRows = 64;       ///< rows a dweight tile sums at the least
+inline constexpr int64_t kGatedDwMaxTiles = 128;  ///< row tiles at most (the partials' scratch)
+/// Row tiles of the dweight sums: enough to fill the device at a few hundred channels, each of
+/// at least kGatedDwRows rows.
+inline int64_t gated_dw_row_tiles(int64_t rows) {
+  return std::max<int64_t>(1, std::min(kGatedDwMaxTiles, (rows + kGatedDwRows - 1) / kGatedDwRows));
+}
+
 inline constexpr int kBnThreads = 256;  ///< every SyncBatchNorm element kernel's block
 inline constexpr int kBnLoads = 4;      ///< independent accesses in flight per thread and tensor
 inline constexpr int64_t kBnMinElemsPerBlock = 8192, kBnTargetBlocks = 2048;

@@ -6,9 +6,11 @@
 // are rounded like the CPU's (no fused multiply-add). All indices are 64-bit.
 #include <algorithm>
 
+#include "common/cuda_check.h"
 #include "common/half.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/plan.h"
 #include "kernels/cuda/rms_norm_gated.h"
 
 namespace tpnorm::kernels::cuda {
@@ -59,19 +61,21 @@ __device__ __forceinline__ bool gated_call_ok(const GatedArgs& a, const Header& 
   return ok != 0;
 }
 
+// The partials visit the slots (row, group) of the groups this rank holds only; the other slots
+// are zeroed before them (zero_slots).
 template <class D, class W>
-__global__ void partial_fwd(GatedArgs a, const D* x, const D* z, W* payload) {
-  for (int64_t k = blockIdx.x; k < a.rows * a.groups; k += gridDim.x) {
-    const int64_t r = k / a.groups;
+__global__ void partial_fwd(GatedArgs a, GatedHeld h, const D* x, const D* z, W* payload) {
+  for (int64_t k = blockIdx.x; k < a.rows * h.count; k += gridDim.x) {
+    const int64_t r = k / h.count, g = h.first + k % h.count;
     int64_t lo, hi;
-    run_of(a, k % a.groups, lo, hi);
+    run_of(a, g, lo, hi);
     W v[1] = {0};
     for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
       const W u = static_cast<W>(input(a, x, z, r * a.c_local + j));
       v[0] += u * u;
     }
     group_sum<1>(v, blockDim.x);
-    if (threadIdx.x == 0) payload[k] = v[0];
+    if (threadIdx.x == 0) payload[r * a.groups + g] = v[0];
   }
 }
 
@@ -97,13 +101,13 @@ __global__ void apply_fwd(GatedArgs a, Header hd, double eps, const D* x, const 
 }
 
 template <class D, class W>
-__global__ void partial_bwd(GatedArgs a, const D* dy, const D* x, const D* z, const D* w,
-                            const void* rstd, W* payload) {
-  for (int64_t k = blockIdx.x; k < a.rows * a.groups; k += gridDim.x) {
-    const int64_t r = k / a.groups;
-    const float rs = static_cast<float>(load_fd(rstd, k, a.s64));
+__global__ void partial_bwd(GatedArgs a, GatedHeld h, const D* dy, const D* x, const D* z,
+                            const D* w, const void* rstd, W* payload) {
+  for (int64_t k = blockIdx.x; k < a.rows * h.count; k += gridDim.x) {
+    const int64_t r = k / h.count, slot = r * a.groups + h.first + k % h.count;
+    const float rs = static_cast<float>(load_fd(rstd, slot, a.s64));
     int64_t lo, hi;
-    run_of(a, k % a.groups, lo, hi);
+    run_of(a, h.first + k % h.count, lo, hi);
     W v[1] = {0};
     for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
       float g, uhat;
@@ -111,25 +115,37 @@ __global__ void partial_bwd(GatedArgs a, const D* dy, const D* x, const D* z, co
       v[0] += static_cast<W>(__fmul_rn(g, uhat));
     }
     group_sum<1>(v, blockDim.x);
-    if (threadIdx.x == 0) payload[k] = v[0];
+    if (threadIdx.x == 0) payload[slot] = v[0];
   }
 }
 
-// dw[c] = sum over rows, in row order, of dy * uhat (* silu(z) norm first).
+// dw[c] = sum over rows of dy * uhat (* silu(z) norm first), in 2-D tiles: block (x, y) sums
+// channels [x * blockDim.x, ...) over row tile y (rows in order) into part[y * c_local + c];
+// dweight_total then adds each channel's tiles in tile order. The same bits every time.
 template <class D>
-__global__ void dweight_sums(GatedArgs a, const D* dy, const D* x, const D* z, const void* rstd,
-                             double* dw) {
+__global__ void dweight_tiles(GatedArgs a, const D* dy, const D* x, const D* z, const void* rstd,
+                              int64_t tile_rows, double* part) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= a.c_local) return;
   const int64_t g = (a.c0 + c) / a.group_size;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * tile_rows;
+  const int64_t r1 = min(a.rows, r0 + tile_rows);
   double s = 0;
-  for (int64_t r = 0; r < a.rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const int64_t i = r * a.c_local + c;
     const float rs = static_cast<float>(load_fd(rstd, r * a.groups + g, a.s64));
     float t = __fmul_rn(to_f(dy[i]), __fmul_rn(input(a, x, z, i), rs));
     if (z && a.norm_before_gate) t = __fmul_rn(t, gate(to_f(z[i])).silu);
     s += static_cast<double>(t);
   }
+  part[static_cast<int64_t>(blockIdx.y) * a.c_local + c] = s;
+}
+
+__global__ void dweight_total(GatedArgs a, int64_t tiles, const double* part, double* dw) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= a.c_local) return;
+  double s = 0;
+  for (int64_t t = 0; t < tiles; ++t) s += part[t * a.c_local + c];
   dw[c] = s;
 }
 
@@ -178,27 +194,43 @@ dim3 slot_blocks(const GatedArgs& a) {
   return dim3(
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.rows * a.groups, 1 << 20))));
 }
+dim3 held_blocks(const GatedArgs& a, const GatedHeld& h) {
+  return dim3(
+      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(a.rows * h.count, 1 << 20))));
+}
+// The payload's slots start at zero when the rank holds fewer than all groups: the partials
+// write only the held ones (the device payload is not zeroed for them, ops/packed_call.h).
+void zero_slots(const GatedArgs& a, const GatedHeld& h, bool w64, void* payload) {
+  if (h.count == a.groups) return;
+  const size_t bytes = static_cast<size_t>(a.rows * a.groups) * (w64 ? 8 : 4);
+  TPNORM_CHECK(CUDA, cudaMemsetAsync(payload, 0, bytes, st(a.stream)));
+}
 dim3 channel_blocks(const GatedArgs& a) {
   return dim3(static_cast<unsigned>(std::max<int64_t>(1, (a.c_local + kThreads - 1) / kThreads)));
 }
 
 }  // namespace
 
+// dw [c_local], then the dweight tiles' partials [tiles, c_local].
 size_t gated_scratch_bytes(const GatedArgs& a) {
-  return static_cast<size_t>(std::max<int64_t>(a.c_local, 0)) * sizeof(double);
+  const auto c = static_cast<size_t>(std::max<int64_t>(a.c_local, 0));
+  return c * static_cast<size_t>(1 + gated_dw_row_tiles(a.rows)) * sizeof(double);
 }
 
 template <class T>
 void gated_partial_forward(const GatedArgs& a, const T* x, const T* z, bool w64, void* payload) {
   using D = typename Dev<T>::type;
   if (a.rows * a.groups <= 0) return;
+  const GatedHeld h = gated_held(a.c0, a.c_local, a.group_size, a.groups);
+  zero_slots(a, h, w64, payload);
+  if (h.count == 0) return;
   const D *xd = reinterpret_cast<const D*>(x), *zd = reinterpret_cast<const D*>(z);
   if (w64)
-    launch("gated partial_fwd", partial_fwd<D, double>, slot_blocks(a), dim3(kThreads),
-           st(a.stream), a, xd, zd, static_cast<double*>(payload));
+    launch("gated partial_fwd", partial_fwd<D, double>, held_blocks(a, h), dim3(kThreads),
+           st(a.stream), a, h, xd, zd, static_cast<double*>(payload));
   else
-    launch("gated partial_fwd", partial_fwd<D, float>, slot_blocks(a), dim3(kThreads), st(a.stream),
-           a, xd, zd, static_cast<float*>(payload));
+    launch("gated partial_fwd", partial_fwd<D, float>, held_blocks(a, h), dim3(kThreads),
+           st(a.stream), a, h, xd, zd, static_cast<float*>(payload));
 }
 
 template <class T>
@@ -217,17 +249,27 @@ void gated_partial_backward(const GatedArgs& a, const T* dy, const T* x, const T
   using D = typename Dev<T>::type;
   const D *dyd = reinterpret_cast<const D*>(dy), *xd = reinterpret_cast<const D*>(x);
   const D *zd = reinterpret_cast<const D*>(z), *wd = reinterpret_cast<const D*>(w);
-  if (a.rows * a.groups > 0) {
+  const GatedHeld h = gated_held(a.c0, a.c_local, a.group_size, a.groups);
+  if (a.rows * a.groups > 0) zero_slots(a, h, w64, payload);
+  if (a.rows * h.count > 0) {
     if (w64)
-      launch("gated partial_bwd", partial_bwd<D, double>, slot_blocks(a), dim3(kThreads),
-             st(a.stream), a, dyd, xd, zd, wd, rstd, static_cast<double*>(payload));
+      launch("gated partial_bwd", partial_bwd<D, double>, held_blocks(a, h), dim3(kThreads),
+             st(a.stream), a, h, dyd, xd, zd, wd, rstd, static_cast<double*>(payload));
     else
-      launch("gated partial_bwd", partial_bwd<D, float>, slot_blocks(a), dim3(kThreads),
-             st(a.stream), a, dyd, xd, zd, wd, rstd, static_cast<float*>(payload));
+      launch("gated partial_bwd", partial_bwd<D, float>, held_blocks(a, h), dim3(kThreads),
+             st(a.stream), a, h, dyd, xd, zd, wd, rstd, static_cast<float*>(payload));
   }
-  if (dweight && a.c_local > 0)
-    launch("gated dweight_sums", dweight_sums<D>, channel_blocks(a), dim3(kThreads), st(a.stream),
-           a, dyd, xd, zd, rstd, static_cast<double*>(scratch));
+  if (dweight && a.c_local > 0) {
+    const int64_t tiles = gated_dw_row_tiles(a.rows);
+    const int64_t tile_rows = (a.rows + tiles - 1) / tiles;
+    double* dw = static_cast<double*>(scratch);
+    double* part = dw + a.c_local;
+    launch("gated dweight_tiles", dweight_tiles<D>,
+           dim3(channel_blocks(a).x, static_cast<unsigned>(tiles)), dim3(kThreads), st(a.stream),
+           a, dyd, xd, zd, rstd, tile_rows, part);
+    launch("gated dweight_total", dweight_total, channel_blocks(a), dim3(kThreads), st(a.stream),
+           a, tiles, static_cast<const double*>(part), dw);
+  }
 }
 
 template <class T>

@@ -100,6 +100,46 @@ def _grads(like, weight, channels, has_bias, bias_dtype=None, channels_last=Fals
     return dx, dw, db
 
 
+def _call(fn, comm, *args):
+    """fn(comm, *args): one op's C++ call. On a device communicator it follows PyTorch's rules
+    for CUDA work (_device_call)."""
+    if comm.device == "cpu":
+        return fn(comm, *args)
+    return _device_call(fn, comm, args)
+
+
+# Whether a CUDA call checks the device's error word before it returns (TPNORM_DEVICE_ERRORS;
+# "deferred": the caller checks with tpnorm.cuda_check_errors when it wants).
+_CHECK_DEVICE_ERRORS = os.environ.get("TPNORM_DEVICE_ERRORS", "raise") != "deferred"
+
+
+def _device_call(fn, comm, args):
+    """A call on a device communicator, as torch's own CUDA ops and NCCL process groups behave:
+    it runs after the work already on torch's current stream and before the work put there
+    after it (the communicator's stream waits for the current one, then the current one for
+    it: two events, none when they are the same stream), so the inputs are ready and the
+    caching allocator may reuse nothing the call still touches (every tensor of the call was
+    allocated on the current stream, which is ordered after the call's work). Then, unless the
+    stream is being captured into a CUDA graph, the device's error word is checked, so that a
+    call the device rejected (ranks that disagree after the strict calls, slices that do not
+    tile) raises the same tpnorm.Error on every rank, its outputs unwritten; that waits for the
+    call's stream (TPNORM_DEVICE_ERRORS=deferred leaves the check to the caller)."""
+    index = int(comm.device.split(":")[1])
+    current = torch.cuda.current_stream(index)
+    mine = comm.stream
+    if mine == current.cuda_stream:
+        out = fn(comm, *args)
+    else:
+        side = torch.cuda.ExternalStream(mine, device=index) if mine else \
+            torch.cuda.default_stream(index)
+        side.wait_stream(current)
+        out = fn(comm, *args)
+        current.wait_stream(side)
+    if _CHECK_DEVICE_ERRORS and not comm.capturing:
+        _C.cuda_check_errors(comm)
+    return out
+
+
 def row_norm_forward(comm, x, weight, bias, opt, centered):
     """(y, mean, rstd) of LayerNorm (centered) or RMSNorm (mean: None) of hidden-sharded rows."""
     rows, sdt = _rows(x), _stats_dtype(x)
@@ -107,10 +147,10 @@ def row_norm_forward(comm, x, weight, bias, opt, centered):
     rstd = x.new_empty((rows,), dtype=sdt)
     if centered:
         mean = x.new_empty((rows,), dtype=sdt)
-        _C.layer_norm_forward(comm, _to_dlpack(x), _d(weight), _d(bias), _to_dlpack(y),
+        _call(_C.layer_norm_forward, comm, _to_dlpack(x), _d(weight), _d(bias), _to_dlpack(y),
                               _to_dlpack(mean), _to_dlpack(rstd), opt)
         return y, mean, rstd
-    _C.rms_norm_forward(comm, _to_dlpack(x), _d(weight), _to_dlpack(y), _to_dlpack(rstd), opt)
+    _call(_C.rms_norm_forward, comm, _to_dlpack(x), _d(weight), _to_dlpack(y), _to_dlpack(rstd), opt)
     return y, None, rstd
 
 
@@ -119,11 +159,11 @@ def row_norm_backward(comm, dy, x, weight, mean, rstd, opt, centered, has_bias, 
     dx, dw, db = _grads(x, weight, x.shape[-1], has_bias, bias_dtype)
     dy = _grad(dy, x)
     if centered:
-        _C.layer_norm_backward(comm, _to_dlpack(dy), _to_dlpack(x), _d(weight),
+        _call(_C.layer_norm_backward, comm, _to_dlpack(dy), _to_dlpack(x), _d(weight),
                                _to_dlpack(mean), _to_dlpack(rstd), _to_dlpack(dx), _d(dw),
                                _d(db), opt)
         return dx, dw, db
-    _C.rms_norm_backward(comm, _to_dlpack(dy), _to_dlpack(x), _d(weight), _to_dlpack(rstd),
+    _call(_C.rms_norm_backward, comm, _to_dlpack(dy), _to_dlpack(x), _d(weight), _to_dlpack(rstd),
                          _to_dlpack(dx), _d(dw), opt)
     return dx, dw, None
 
@@ -200,10 +240,10 @@ def fused_add_norm_forward(comm, x, f, weight, bias, alpha, opt, centered):
     rstd = _empty((rows,), x, _stats_dtype(x))
     mean = _empty((rows,), x, _stats_dtype(x)) if centered else None
     if centered:
-        _C.fused_add_layer_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(bias), _d(h),
+        _call(_C.fused_add_layer_norm_forward, comm, _d(x), _d(f), alpha, _d(weight), _d(bias), _d(h),
                                         _d(y), _d(mean), _d(rstd), opt)
     else:
-        _C.fused_add_rms_norm_forward(comm, _d(x), _d(f), alpha, _d(weight), _d(h), _d(y),
+        _call(_C.fused_add_rms_norm_forward, comm, _d(x), _d(f), alpha, _d(weight), _d(h), _d(y),
                                       _d(rstd), opt)
     return h, y, mean, rstd
 
@@ -215,11 +255,11 @@ def fused_add_norm_backward(comm, dh, dy, h, weight, mean, rstd, alpha, opt, cen
     df = _like(h)
     dh = None if dh is None else dh.contiguous()
     if centered:
-        _C.fused_add_layer_norm_backward(comm, _d(_grad(dy, h)), _d(dh), _d(h), _d(weight),
+        _call(_C.fused_add_layer_norm_backward, comm, _d(_grad(dy, h)), _d(dh), _d(h), _d(weight),
                                          _d(mean), _d(rstd), alpha, _d(dx), _d(df), _d(dw),
                                          _d(db), opt)
     else:
-        _C.fused_add_rms_norm_backward(comm, _d(_grad(dy, h)), _d(dh), _d(h), _d(weight),
+        _call(_C.fused_add_rms_norm_backward, comm, _d(_grad(dy, h)), _d(dh), _d(h), _d(weight),
                                        _d(rstd), alpha, _d(dx), _d(df), _d(dw), opt)
     return dx, df, dw, db
 
@@ -230,14 +270,14 @@ def group_norm_forward(comm, x, weight, bias, cg, opt, instance):
     y = _like(x)
     mean = _empty((x.shape[0], groups), x, _stats_dtype(x))
     rstd = _empty((x.shape[0], groups), x, _stats_dtype(x))
-    _C.group_norm_forward(comm, _d(x), cg, _d(weight), _d(bias), _d(y), _d(mean), _d(rstd), opt,
+    _call(_C.group_norm_forward, comm, _d(x), cg, _d(weight), _d(bias), _d(y), _d(mean), _d(rstd), opt,
                           instance)
     return y, mean, rstd
 
 
 def group_norm_backward(comm, dy, x, weight, mean, rstd, cg, opt, instance, has_bias):
     dx, dw, db = _grads(x, weight, x.shape[1], has_bias)
-    _C.group_norm_backward(comm, _d(_grad(dy, x)), _d(x), cg, _d(weight), _d(mean), _d(rstd),
+    _call(_C.group_norm_backward, comm, _d(_grad(dy, x)), _d(x), cg, _d(weight), _d(mean), _d(rstd),
                            _d(dx), _d(dw), _d(db), opt, instance)
     return dx, dw, db
 
@@ -246,7 +286,7 @@ def rms_norm_gated_forward(comm, x, z, weight, gg, opt):
     """(y, rstd) of the gated RMSNorm on [rows..., c_local]; rstd is [rows, groups]."""
     y = _like(x)
     rstd = _empty((_rows(x), _gated_groups_count(x, gg)), x, _stats_dtype(x))
-    _C.rms_norm_gated_forward(comm, _d(x), _d(z), gg, _d(weight), _d(y), _d(rstd), opt)
+    _call(_C.rms_norm_gated_forward, comm, _d(x), _d(z), gg, _d(weight), _d(y), _d(rstd), opt)
     return y, rstd
 
 
@@ -254,7 +294,7 @@ def rms_norm_gated_backward(comm, dy, x, z, weight, rstd, gg, opt):
     """(dx, dz, dweight) of rms_norm_gated_forward (None for an absent gate or weight)."""
     dx, dw, _ = _grads(x, weight, 0, False)
     dz = None if z is None else _like(z)
-    _C.rms_norm_gated_backward(comm, _d(_grad(dy, x)), _d(x), _d(z), gg, _d(weight), _d(rstd),
+    _call(_C.rms_norm_gated_backward, comm, _d(_grad(dy, x)), _d(x), _d(z), gg, _d(weight), _d(rstd),
                                _d(dx), _d(dz), _d(dw), opt)
     return dx, dz, dw
 
@@ -312,7 +352,7 @@ def sync_batch_norm_forward(comm, x, weight, bias, running_mean, running_var, op
     y = _like_input(x, channels_last)
     xv, yv = (_to_last(x), _to_last(y)) if channels_last else (x, y)
     save_mean, save_invstd = _empty((C,), x, _stats_dtype(x)), _empty((C,), x, _stats_dtype(x))
-    _C.sync_batch_norm_forward(comm, _d(xv), _d(weight), _d(bias), _d(running_mean),
+    _call(_C.sync_batch_norm_forward, comm, _d(xv), _d(weight), _d(bias), _d(running_mean),
                                _d(running_var), _d(yv), _d(save_mean), _d(save_invstd), opt)
     return y, save_mean, save_invstd
 
@@ -323,7 +363,7 @@ def sync_batch_norm_backward(comm, dy, x, weight, save_mean, save_invstd, opt, c
     dxv = dx
     if channels_last:
         x, dy, dxv = _to_last(x), None if dy is None else _to_last(dy), _to_last(dx)
-    _C.sync_batch_norm_backward(comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(save_mean),
+    _call(_C.sync_batch_norm_backward, comm, _d(_grad(dy, x)), _d(x), _d(weight), _d(save_mean),
                                 _d(save_invstd), _d(dxv), _d(dw), _d(db), opt)
     return dx, dw, db
 
@@ -346,7 +386,7 @@ def batched_forward(comm, xs, ws, bs, centered, hidden, opt):
         ys.append(y)
         means.append(mean)
         rstds.append(rstd)
-    _C.batched_norm_forward(comm, items, opt)
+    _call(_C.batched_norm_forward, comm, items, opt)
     return ys, means, rstds
 
 
@@ -362,5 +402,5 @@ def batched_backward(comm, dys, xs, ws, bias_dtypes, means, rstds, centered, hid
                       _to_dlpack(rstd), _to_dlpack(dx), _d(dw), _d(db), int(n)))
         for out, t in zip(grads, (dx, dw, db)):
             out.append(t)
-    _C.batched_norm_backward(comm, items, opt)
+    _call(_C.batched_norm_backward, comm, items, opt)
     return grads

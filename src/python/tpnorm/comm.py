@@ -151,11 +151,21 @@ def _cached(key, group, make):
     return hit[1]
 
 
-def local():
-    """This process's own communicator of one rank (one object, made on first use): for calls
-    that sum nothing across processes (a DTensor whose row is whole on every rank, a
-    SyncBatchNorm in eval)."""
-    return _cached(("single",), None, single)
+def local(device=None):
+    """This process's own communicator of one rank for tensors on ``device`` (None or CPU: the
+    host one; a CUDA device: one on that GPU, on its current stream when first made), one object
+    each, made on first use: for calls that sum nothing across processes (a DTensor whose row is
+    whole on every rank, a SyncBatchNorm in eval)."""
+    import torch
+
+    device = torch.device("cpu" if device is None else device)
+    if device.type != "cuda":
+        return _cached(("single",), None, single)
+    import torch.cuda
+
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _cached(("cuda single", index), None, lambda: _registered(
+        _C.cuda_single_communicator(index, torch.cuda.current_stream(index).cuda_stream)))
 
 
 def as_communicator(group=None):

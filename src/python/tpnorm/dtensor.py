@@ -241,7 +241,7 @@ def _comm_for(x, process_group):
                          "shards the normalized dimension; pass process_group=None")
     tp = _norm_mesh_dim(x)
     if tp is None:  # the whole row on every rank: its statistics need no collective
-        return local()
+        return local(x.device)
     return _comm_of(x.device_mesh.get_group(tp))
 
 

@@ -46,8 +46,10 @@ class _RowNorm(torch.autograd.Function):
 
 def _cpp(*tensors):
     """Whether the eager call takes tpnorm._autograd's C++ autograd: where it was built for this
-    torch, on plain tensors (not DTensors or other subclasses; None: absent)."""
-    return E._autograd is not None and all(t is None or type(t) is E._Tensor for t in tensors)
+    torch, on plain CPU tensors (not DTensors or other subclasses; None: absent). CUDA tensors
+    take the Python Functions, whose calls follow torch's current stream (_eager._device_call)."""
+    return E._autograd is not None and all(
+        t is None or (type(t) is E._Tensor and not t.is_cuda) for t in tensors)
 
 
 def _row_shape(x, normalized_shape, eps):

@@ -314,17 +314,17 @@ class SyncBatchNorm(_CommHolder, nn.modules.batchnorm._BatchNorm):
         if x.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {x.dim()}D input)")
 
-    def _sync_comm(self):
+    def _sync_comm(self, x):
         """The communicator of a training call: the group's, or this process's own where this
         rank is outside the torch.distributed group (torch normalises locally there too)."""
         if _outside(self.process_group):
-            return local()
+            return local(x.device)
         return self.comm
 
     def forward(self, x):
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         sync = bn_training and self.training  # eval never synchronises, as torch's
-        comm = self._sync_comm() if sync else local()
+        comm = self._sync_comm(x) if sync else local(x.device)
         problem = _input_problem(x, self.num_features)
         if problem:
             if comm.size == 1:
