@@ -404,3 +404,135 @@ def batched_backward(comm, dys, xs, ws, bias_dtypes, means, rstds, centered, hid
             out.append(t)
     _call(_C.batched_norm_backward, comm, items, opt)
     return grads
+
+
+# --- the Python autograd Functions: the eager path where tpnorm._autograd was not built ------
+class _RowNorm(torch.autograd.Function):
+    """LayerNorm (centered) or RMSNorm over the hidden dimension sharded across comm; ``call``
+    is (comm, opt, centered), one argument so that apply and ctx carry one object."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, call):
+        y, mean, rstd = row_norm_forward(call[0], x, weight, bias, call[1], call[2])
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.call, ctx.bias_dtype = call, None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        comm, opt, centered = ctx.call
+        bias_dtype = ctx.bias_dtype
+        dx, dw, db = row_norm_backward(comm, dy, x, weight, mean, rstd, opt, centered,
+                                        bias_dtype is not None, bias_dtype)
+        return dx, dw, db, None
+
+
+class _FusedAddNorm(torch.autograd.Function):
+    """h = alpha * x + f; y = Norm(h); returns (h, y). h's own gradient joins as dh_extra."""
+
+    @staticmethod
+    def forward(ctx, x, f, weight, bias, alpha, comm, opt, centered):
+        h, y, mean, rstd = fused_add_norm_forward(comm, x, f, weight, bias, alpha, opt,
+                                                   centered)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(h, weight, mean, rstd)
+        ctx.alpha, ctx.comm, ctx.opt, ctx.centered = alpha, comm, opt, centered
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return h, y
+
+    @staticmethod
+    def backward(ctx, dh, dy):
+        h, weight, mean, rstd = ctx.saved_tensors
+        dx, df, dw, db = fused_add_norm_backward(ctx.comm, dh, dy, h, weight, mean, rstd,
+                                                  ctx.alpha, ctx.opt, ctx.centered,
+                                                  ctx.has_bias, ctx.bias_dtype)
+        return dx, df, dw, db, None, None, None, None
+
+
+class _GroupNorm(torch.autograd.Function):
+    """GroupNorm / InstanceNorm on [N, C_local, *spatial], channels sharded over comm."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, cg, comm, opt, instance):
+        y, mean, rstd = group_norm_forward(comm, x, weight, bias, cg, opt, instance)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.cg, ctx.comm, ctx.opt, ctx.instance = cg, comm, opt, instance
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = group_norm_backward(ctx.comm, dy, x, weight, mean, rstd, ctx.cg, ctx.opt,
+                                          ctx.instance, ctx.has_bias)
+        return dx, dw, db, None, None, None, None
+
+
+class _RMSNormGated(torch.autograd.Function):
+    """Gated RMSNorm over channels sharded across comm: y from x, the gate z (or None) and
+    weight; ``call`` is (comm, gated groups, opt)."""
+
+    @staticmethod
+    def forward(ctx, x, z, weight, call):
+        comm, gg, opt = call
+        y, rstd = rms_norm_gated_forward(comm, x, z, weight, gg, opt)
+        ctx.save_for_backward(x, z, weight, rstd)
+        ctx.call = call
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, z, weight, rstd = ctx.saved_tensors
+        comm, gg, opt = ctx.call
+        dx, dz, dw = rms_norm_gated_backward(comm, dy, x, z, weight, rstd, gg, opt)
+        return dx, dz, dw, None
+
+
+class _SyncBatchNorm(torch.autograd.Function):
+    """Batch statistics over the global batch (ranks may hold different N, including 0)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, comm, opt, channels_last):
+        y, save_mean, save_invstd = sync_batch_norm_forward(
+            comm, x, weight, bias, running_mean, running_var, opt, channels_last)
+        ctx.save_for_backward(x, weight, save_mean, save_invstd)
+        ctx.comm, ctx.opt, ctx.channels_last = comm, opt, channels_last
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype  # fp32 next to fp16/bf16 x too
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, save_mean, save_invstd = ctx.saved_tensors
+        dx, dw, db = sync_batch_norm_backward(ctx.comm, dy, x, weight, save_mean, save_invstd,
+                                               ctx.opt, ctx.channels_last, ctx.has_bias,
+                                               ctx.bias_dtype)
+        return dx, dw, db, None, None, None, None, None
+
+
+class _BatchedRowNorm(torch.autograd.Function):
+    """K row norms, one collective each way, in eager mode. ``call`` = (comm, opt, centered
+    per item, hidden size per item, K); tensors = x_0, w_0, b_0, x_1, w_1, b_1, ... (plain
+    local tensors)."""
+
+    @staticmethod
+    def forward(ctx, call, *tensors):
+        comm, opt, centered, hidden, k = call
+        xs = [tensors[3 * i].contiguous() for i in range(k)]
+        ws = [tensors[3 * i + 1] for i in range(k)]
+        bs = [tensors[3 * i + 2] for i in range(k)]
+        ys, means, rstds = batched_forward(comm, xs, ws, bs, centered, hidden, opt)
+        ctx.save_for_backward(*xs, *ws, *means, *rstds)
+        ctx.call = call
+        ctx.bias_dtypes = [None if b is None else b.dtype for b in bs]
+        return tuple(ys)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        comm, opt, centered, hidden, k = ctx.call
+        t = ctx.saved_tensors
+        dxs, dws, dbs = batched_backward(comm, dys, t[:k], t[k:2 * k], ctx.bias_dtypes,
+                                  t[2 * k:3 * k], t[3 * k:], centered, hidden, opt)
+        return (None,) + tuple(g for i in range(k) for g in (dxs[i], dws[i], dbs[i]))

@@ -21,32 +21,6 @@ from . import library as _lib
 from .comm import address_of, as_communicator
 
 
-class _BatchedRowNorm(torch.autograd.Function):
-    """K row norms, one collective each way, in eager mode. ``call`` = (comm, opt, centered
-    per item, hidden size per item, K); tensors = x_0, w_0, b_0, x_1, w_1, b_1, ... (plain
-    local tensors)."""
-
-    @staticmethod
-    def forward(ctx, call, *tensors):
-        comm, opt, centered, hidden, k = call
-        xs = [tensors[3 * i].contiguous() for i in range(k)]
-        ws = [tensors[3 * i + 1] for i in range(k)]
-        bs = [tensors[3 * i + 2] for i in range(k)]
-        ys, means, rstds = E.batched_forward(comm, xs, ws, bs, centered, hidden, opt)
-        ctx.save_for_backward(*xs, *ws, *means, *rstds)
-        ctx.call = call
-        ctx.bias_dtypes = [None if b is None else b.dtype for b in bs]
-        return tuple(ys)
-
-    @staticmethod
-    def backward(ctx, *dys):
-        comm, opt, centered, hidden, k = ctx.call
-        t = ctx.saved_tensors
-        dxs, dws, dbs = E.batched_backward(comm, dys, t[:k], t[k:2 * k], ctx.bias_dtypes,
-                                  t[2 * k:3 * k], t[3 * k:], centered, hidden, opt)
-        return (None,) + tuple(g for i in range(k) for g in (dxs[i], dws[i], dbs[i]))
-
-
 def _check_lists(inputs, weights, biases, centered):
     k = len(inputs)
     weights = [None] * k if weights is None else list(weights)
@@ -125,7 +99,7 @@ def _batched(xs, ws, bs, centered, hidden, comm, handle, eps, stats):
         return tuple(E._autograd.batched_row_norm(
             list(xs), params, [w is not None for w in ws], [b is not None for b in bs],
             [bool(c) for c in centered], hidden, address_of(comm), E._opt_address(eps, stats, 0)))
-    return _BatchedRowNorm.apply((comm, E.norm_options(eps, stats, 0), tuple(centered),
+    return E._BatchedRowNorm.apply((comm, E.norm_options(eps, stats, 0), tuple(centered),
                                   tuple(hidden), len(xs)),
                                  *[t for item in zip(xs, ws, bs) for t in item])
 

@@ -23,27 +23,6 @@ norm_options = E.norm_options
 gated_inputs = E.gated_inputs
 
 
-class _RowNorm(torch.autograd.Function):
-    """LayerNorm (centered) or RMSNorm over the hidden dimension sharded across comm; ``call``
-    is (comm, opt, centered), one argument so that apply and ctx carry one object."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, call):
-        y, mean, rstd = E.row_norm_forward(call[0], x, weight, bias, call[1], call[2])
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.call, ctx.bias_dtype = call, None if bias is None else bias.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        comm, opt, centered = ctx.call
-        bias_dtype = ctx.bias_dtype
-        dx, dw, db = E.row_norm_backward(comm, dy, x, weight, mean, rstd, opt, centered,
-                                        bias_dtype is not None, bias_dtype)
-        return dx, dw, db, None
-
-
 def _cpp(*tensors):
     """Whether the eager call takes tpnorm._autograd's C++ autograd: where it was built for this
     torch, on plain CPU tensors (not DTensors or other subclasses; None: absent). CUDA tensors
@@ -80,7 +59,7 @@ def _row_norm(x, normalized_shape, weight, bias, comm, eps, stats, centered, han
         y = E._autograd.row_norm(x, weight, bias, address_of(comm),
                                E._opt_address(eps, stats, hidden), centered)
     else:
-        y = _RowNorm.apply(x, weight, bias, (comm, E.norm_options(eps, stats, hidden), centered))
+        y = E._RowNorm.apply(x, weight, bias, (comm, E.norm_options(eps, stats, hidden), centered))
     return y if k == 1 else y.view(shape)
 
 
@@ -109,29 +88,6 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, process_group=No
                      as_communicator(process_group), eps, stats, False)
 
 
-class _FusedAddNorm(torch.autograd.Function):
-    """h = alpha * x + f; y = Norm(h); returns (h, y). h's own gradient joins as dh_extra."""
-
-    @staticmethod
-    def forward(ctx, x, f, weight, bias, alpha, comm, opt, centered):
-        h, y, mean, rstd = E.fused_add_norm_forward(comm, x, f, weight, bias, alpha, opt,
-                                                   centered)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(h, weight, mean, rstd)
-        ctx.alpha, ctx.comm, ctx.opt, ctx.centered = alpha, comm, opt, centered
-        ctx.has_bias = bias is not None
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return h, y
-
-    @staticmethod
-    def backward(ctx, dh, dy):
-        h, weight, mean, rstd = ctx.saved_tensors
-        dx, df, dw, db = E.fused_add_norm_backward(ctx.comm, dh, dy, h, weight, mean, rstd,
-                                                  ctx.alpha, ctx.opt, ctx.centered,
-                                                  ctx.has_bias, ctx.bias_dtype)
-        return dx, df, dw, db, None, None, None, None
-
-
 def _fused_add_norm(x, f, normalized_shape, weight, bias, alpha, comm, eps, stats, centered,
                     handle=None):
     """(h, y) as _row_norm dispatches."""
@@ -147,7 +103,7 @@ def _fused_add_norm(x, f, normalized_shape, weight, bias, alpha, comm, eps, stat
         h, y = E._autograd.fused_add_norm(x, f, weight, bias, float(alpha), address_of(comm),
                                           E._opt_address(eps, stats, hidden), centered)
     else:
-        h, y = _FusedAddNorm.apply(x, f, weight, bias, float(alpha), comm,
+        h, y = E._FusedAddNorm.apply(x, f, weight, bias, float(alpha), comm,
                                    E.norm_options(eps, stats, hidden), centered)
     return (h, y) if k == 1 else (h.view(shape), y.view(shape))
 
@@ -185,25 +141,6 @@ def deepnorm_beta(stack, encoder_layers=0, decoder_layers=0):
     """DeepNorm's initialisation gain for the same presets (scales the Xavier-initialised
     feed-forward, value and output projections)."""
     return _C.deepnorm_beta(_STACKS[stack], encoder_layers, decoder_layers)
-
-
-class _GroupNorm(torch.autograd.Function):
-    """GroupNorm / InstanceNorm on [N, C_local, *spatial], channels sharded over comm."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, cg, comm, opt, instance):
-        y, mean, rstd = E.group_norm_forward(comm, x, weight, bias, cg, opt, instance)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.cg, ctx.comm, ctx.opt, ctx.instance = cg, comm, opt, instance
-        ctx.has_bias = bias is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = E.group_norm_backward(ctx.comm, dy, x, weight, mean, rstd, ctx.cg, ctx.opt,
-                                          ctx.instance, ctx.has_bias)
-        return dx, dw, db, None, None, None, None
 
 
 def shard_range(total, rank, size):
@@ -246,7 +183,7 @@ def _group_norm(x, weight, bias, cg, comm, eps, stats, instance, handle=None):
         return E._autograd.group_norm(x, weight, bias, *cg, address_of(comm),
                                       E._opt_address(eps, stats, 0), instance)
     cg = _C.ChannelGroups(groups=cg[0], channels=cg[1], channel_offset=cg[2])
-    return _GroupNorm.apply(x, weight, bias, cg, comm, E.norm_options(eps, stats), instance)
+    return E._GroupNorm.apply(x, weight, bias, cg, comm, E.norm_options(eps, stats), instance)
 
 
 def _channel_groups(x, groups, comm, channels, offset):
@@ -257,26 +194,6 @@ def _channel_groups(x, groups, comm, channels, offset):
     if channels >= 0 and comm.size == 1:
         offset = 0
     return groups, channels, offset
-
-
-class _RMSNormGated(torch.autograd.Function):
-    """Gated RMSNorm over channels sharded across comm: y from x, the gate z (or None) and
-    weight; ``call`` is (comm, gated groups, opt)."""
-
-    @staticmethod
-    def forward(ctx, x, z, weight, call):
-        comm, gg, opt = call
-        y, rstd = E.rms_norm_gated_forward(comm, x, z, weight, gg, opt)
-        ctx.save_for_backward(x, z, weight, rstd)
-        ctx.call = call
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, z, weight, rstd = ctx.saved_tensors
-        comm, gg, opt = ctx.call
-        dx, dz, dw = E.rms_norm_gated_backward(comm, dy, x, z, weight, rstd, gg, opt)
-        return dx, dz, dw, None
 
 
 def rms_norm_gated(input, weight=None, gate=None, eps=1e-5, *, group_size=None,
@@ -330,29 +247,7 @@ def _rms_norm_gated(x, z, weight, group_size, hidden, offset, norm_before_gate, 
                                           E._opt_address(eps, stats, 0))
     gg = _C.GatedGroups(group_size=group_size, hidden=hidden, offset=offset,
                         norm_before_gate=norm_before_gate)
-    return _RMSNormGated.apply(x, z, weight, (comm, gg, E.norm_options(eps, stats)))
-
-
-class _SyncBatchNorm(torch.autograd.Function):
-    """Batch statistics over the global batch (ranks may hold different N, including 0)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, comm, opt, channels_last):
-        y, save_mean, save_invstd = E.sync_batch_norm_forward(
-            comm, x, weight, bias, running_mean, running_var, opt, channels_last)
-        ctx.save_for_backward(x, weight, save_mean, save_invstd)
-        ctx.comm, ctx.opt, ctx.channels_last = comm, opt, channels_last
-        ctx.has_bias = bias is not None
-        ctx.bias_dtype = None if bias is None else bias.dtype  # fp32 next to fp16/bf16 x too
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, save_mean, save_invstd = ctx.saved_tensors
-        dx, dw, db = E.sync_batch_norm_backward(ctx.comm, dy, x, weight, save_mean, save_invstd,
-                                               ctx.opt, ctx.channels_last, ctx.has_bias,
-                                               ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None
+    return E._RMSNormGated.apply(x, z, weight, (comm, gg, E.norm_options(eps, stats)))
 
 
 def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -403,5 +298,5 @@ def sync_batch_norm(input, running_mean, running_var, weight=None, bias=None, tr
     opt = _C.BatchNormOptions(eps=eps, momentum=momentum,
                               training=bn_training, layout=E._LAYOUT[channels_last],
                               stats=E._STATS[stats])
-    return _SyncBatchNorm.apply(x, weight, bias, running_mean, running_var, comm, opt,
+    return E._SyncBatchNorm.apply(x, weight, bias, running_mean, running_var, comm, opt,
                                 channels_last)

@@ -22,11 +22,15 @@ and row_norm_backward, batched_row_norm_backward, fused_add_norm_backward, group
 sync_batch_norm_backward, rms_norm_gated_backward.
 An op's statistic it does not compute (RMSNorm's mean) and an absent parameter's gradient are
 empty tensors. A communicator crosses as an integer ``handle`` (comm_handle): custom ops take
-tensors and scalars only. The modules and functional forms of tpnorm call these ops while
-torch.compile traces them and the autograd Functions of tpnorm.functional in eager mode (the
-same C++ calls, tpnorm._eager's; the custom-op dispatch would only add per-call cost there).
+tensors and scalars only. Each op is one descriptor (``Op``, in ``OPS``) from which its two
+custom ops, their fake implementations and its autograd are registered; the batched op, whose
+arguments are lists, is written out. The modules and functional forms of tpnorm call these ops
+while torch.compile traces them, and the eager path otherwise (the same C++ calls,
+tpnorm._eager's; the custom-op dispatch would only add per-call cost there).
 """
-from typing import List, Optional, Tuple
+import inspect
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -46,57 +50,226 @@ def compiling():
     return AVAILABLE and torch.compiler.is_compiling()
 
 
+Tensor = torch.Tensor
+OptTensor = Optional[torch.Tensor]
+
+
+# --- one descriptor per op ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Op:
+    """One op as torch.library registers it: ``tpnorm::<name>`` and ``tpnorm::<name>_backward``
+    (schemas in torch.library's syntax), each with its fake implementation, and the forward's
+    autograd, whose backward calls the backward op. ``forward`` / ``backward`` compute (through
+    tpnorm._eager), ``forward_fake`` / ``backward_fake`` allocate the same outputs only; all
+    return None for an output they do not compute (RMSNorm's mean, an absent parameter's
+    gradient), which the op returns as an empty tensor. The backward op takes the gradients of
+    the forward's outputs ``grads_of``, then what ``saved`` names (("in", i): forward argument
+    i, ("out", j): forward output j), then the forward's arguments from ``args_from`` on (its
+    non-tensor ones); its results are the gradients of the forward's arguments ``grads_for``
+    (None where that argument was None)."""
+    name: str
+    schema: str
+    backward_schema: str
+    forward: Callable
+    forward_fake: Callable
+    backward: Callable
+    backward_fake: Callable
+    grads_of: Tuple[int, ...]
+    saved: Tuple[Tuple[str, int], ...]
+    args_from: int
+    grads_for: Tuple[int, ...]
+
+
 def _absent(like):
     """The empty tensor an op returns for an output it does not compute."""
     return like.new_empty((0,), dtype=torch.float32)
 
 
-Tensor = torch.Tensor
-OptTensor = Optional[torch.Tensor]
+def _as_tensors(fn):
+    """fn's outputs with None as _absent (custom ops return tensors only)."""
+    def impl(*args):
+        like = next(a for a in args if isinstance(a, torch.Tensor))
+        return tuple(_absent(like) if t is None else t for t in fn(*args))
+    return impl
+
+
+def _register(op):
+    """The two custom ops of ``op``, their fake implementations and the forward's autograd;
+    returns the forward op."""
+    fwd = torch.library.custom_op(f"tpnorm::{op.name}", _as_tensors(op.forward), mutates_args=(),
+                                  schema=op.schema)
+    fwd.register_fake(_as_tensors(op.forward_fake))
+    bwd = torch.library.custom_op(f"tpnorm::{op.name}_backward", _as_tensors(op.backward),
+                                  mutates_args=(), schema=op.backward_schema)
+    bwd.register_fake(_as_tensors(op.backward_fake))
+    n_args = len(inspect.signature(op.forward).parameters)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*[inputs[i] if kind == "in" else output[i]
+                                for kind, i in op.saved])
+        ctx.args = inputs[op.args_from:]
+        ctx.present = [inputs[i] is not None for i in op.grads_for]
+
+    def backward(ctx, *grads):
+        got = bwd(*[grads[j] for j in op.grads_of], *ctx.saved_tensors, *ctx.args)
+        out = [None] * n_args
+        for i, g, present in zip(op.grads_for, got, ctx.present):
+            out[i] = g if present else None
+        return tuple(out)
+
+    fwd.register_autograd(backward, setup_context=setup_context)
+    return fwd, bwd
+
+
+def _stats_like(x, n, dtype=None):
+    """n saved statistics of x's rows (float32, float64 next to a float64 x)."""
+    return x.new_empty(n, dtype=E._stats_dtype(x) if dtype is None else dtype)
+
+
+def _empty_like(t):
+    return None if t is None else torch.empty_like(t)
+
+
+def _bn_options(x, training, momentum, eps, stats):
+    return _C.BatchNormOptions(eps=eps, momentum=momentum, training=training,
+                               layout=E._LAYOUT[E._channels_last(x)], stats=E._STATS[stats])
+
+
+def _gated_groups(group_size, hidden, offset, norm_before_gate):
+    return _C.GatedGroups(group_size=group_size, hidden=hidden, offset=offset,
+                          norm_before_gate=norm_before_gate)
+
+
+def _bn_forward(x, weight, bias, running_mean, running_var, handle, training, momentum, eps,
+                stats):
+    # Functional (autograd needs it): the updated running statistics are returned, and the
+    # caller copies them into its buffers; on failure nothing is returned to copy.
+    rm = None if running_mean is None else running_mean.clone()
+    rv = None if running_var is None else running_var.clone()
+    y, save_mean, save_invstd = E.sync_batch_norm_forward(
+        _comms[handle], x, weight, bias, rm, rv,
+        _bn_options(x, training, momentum, eps, stats), E._channels_last(x))
+    return y, save_mean, save_invstd, rm, rv
+
+
+OPS = [
+    # LayerNorm / RMSNorm of hidden-sharded rows.
+    Op("row_norm",
+       "(Tensor x, Tensor? weight, Tensor? bias, int handle, float eps, str stats, "
+       "bool centered, int hidden_size) -> (Tensor, Tensor, Tensor)",
+       "(Tensor? dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+       "int handle, float eps, str stats, bool centered, int hidden_size) "
+       "-> (Tensor, Tensor, Tensor)",
+       forward=lambda x, weight, bias, handle, eps, stats, centered, hidden_size:
+           E.row_norm_forward(_comms[handle], x, weight, bias,
+                              E.norm_options(eps, stats, hidden_size), centered),
+       forward_fake=lambda x, weight, bias, handle, eps, stats, centered, hidden_size: (
+           torch.empty_like(x), _stats_like(x, (E._rows(x),)) if centered else None,
+           _stats_like(x, (E._rows(x),))),
+       backward=lambda dy, x, weight, bias, mean, rstd, handle, eps, stats, centered, hidden:
+           E.row_norm_backward(_comms[handle], dy, x, weight, mean if centered else None, rstd,
+                               E.norm_options(eps, stats, hidden), centered, bias is not None,
+                               None if bias is None else bias.dtype),
+       backward_fake=lambda dy, x, weight, bias, *rest: (
+           torch.empty_like(x), _empty_like(weight), _empty_like(bias)),
+       grads_of=(0,), saved=(("in", 0), ("in", 1), ("in", 2), ("out", 1), ("out", 2)),
+       args_from=3, grads_for=(0, 1, 2)),
+    # h = alpha * x + f, then LayerNorm / RMSNorm of h.
+    Op("fused_add_norm",
+       "(Tensor x, Tensor f, Tensor? weight, Tensor? bias, float alpha, int handle, float eps, "
+       "str stats, bool centered, int hidden_size) -> (Tensor, Tensor, Tensor, Tensor)",
+       "(Tensor? dh, Tensor? dy, Tensor h, Tensor? weight, Tensor? bias, Tensor mean, "
+       "Tensor rstd, float alpha, int handle, float eps, str stats, bool centered, "
+       "int hidden_size) -> (Tensor, Tensor, Tensor, Tensor)",
+       forward=lambda x, f, weight, bias, alpha, handle, eps, stats, centered, hidden_size:
+           E.fused_add_norm_forward(_comms[handle], x, f, weight, bias, alpha,
+                                    E.norm_options(eps, stats, hidden_size), centered),
+       forward_fake=lambda x, f, weight, bias, alpha, handle, eps, stats, centered, hidden: (
+           torch.empty_like(x), torch.empty_like(x),
+           _stats_like(x, (E._rows(x),)) if centered else None, _stats_like(x, (E._rows(x),))),
+       backward=lambda dh, dy, h, weight, bias, mean, rstd, alpha, handle, eps, stats,
+       centered, hidden: E.fused_add_norm_backward(
+           _comms[handle], dh, dy, h, weight, mean if centered else None, rstd, alpha,
+           E.norm_options(eps, stats, hidden), centered, bias is not None,
+           None if bias is None else bias.dtype),
+       backward_fake=lambda dh, dy, h, weight, bias, *rest: (
+           torch.empty_like(h), torch.empty_like(h), _empty_like(weight), _empty_like(bias)),
+       grads_of=(0, 1), saved=(("out", 0), ("in", 2), ("in", 3), ("out", 2), ("out", 3)),
+       args_from=4, grads_for=(0, 1, 2, 3)),
+    # GroupNorm / InstanceNorm of channel-sharded [N, C_local, *spatial].
+    Op("group_norm",
+       "(Tensor x, Tensor? weight, Tensor? bias, int groups, int channels, int channel_offset, "
+       "int handle, float eps, str stats, bool instance) -> (Tensor, Tensor, Tensor)",
+       "(Tensor? dy, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+       "int groups, int channels, int channel_offset, int handle, float eps, str stats, "
+       "bool instance) -> (Tensor, Tensor, Tensor)",
+       forward=lambda x, weight, bias, groups, channels, offset, handle, eps, stats, instance:
+           E.group_norm_forward(_comms[handle], x, weight, bias,
+                                _C.ChannelGroups(groups=groups, channels=channels,
+                                                 channel_offset=offset),
+                                E.norm_options(eps, stats), instance),
+       forward_fake=lambda x, weight, bias, groups, channels, offset, handle, eps, stats,
+       instance: (torch.empty_like(x),
+                  _stats_like(x, (x.shape[0], channels if instance else groups)),
+                  _stats_like(x, (x.shape[0], channels if instance else groups))),
+       backward=lambda dy, x, weight, bias, mean, rstd, groups, channels, offset, handle, eps,
+       stats, instance: E.group_norm_backward(
+           _comms[handle], dy, x, weight, mean, rstd,
+           _C.ChannelGroups(groups=groups, channels=channels, channel_offset=offset),
+           E.norm_options(eps, stats), instance, bias is not None),
+       backward_fake=lambda dy, x, weight, bias, *rest: (
+           torch.empty_like(x), _empty_like(weight),
+           None if bias is None else x.new_empty((x.shape[1],))),
+       grads_of=(0,), saved=(("in", 0), ("in", 1), ("in", 2), ("out", 1), ("out", 2)),
+       args_from=3, grads_for=(0, 1, 2)),
+    # SyncBatchNorm; the new running statistics are outputs (not differentiable).
+    Op("sync_batch_norm",
+       "(Tensor x, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
+       "int handle, bool training, float momentum, float eps, str stats) "
+       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+       "(Tensor? dy, Tensor x, Tensor? weight, Tensor? bias, Tensor save_mean, "
+       "Tensor save_invstd, int handle, bool training, float momentum, float eps, str stats) "
+       "-> (Tensor, Tensor, Tensor)",
+       forward=_bn_forward,
+       forward_fake=lambda x, weight, bias, running_mean, running_var, *rest: (
+           torch.empty_like(x), _stats_like(x, (x.shape[1],)), _stats_like(x, (x.shape[1],)),
+           _empty_like(running_mean), _empty_like(running_var)),
+       backward=lambda dy, x, weight, bias, save_mean, save_invstd, handle, training, momentum,
+       eps, stats: E.sync_batch_norm_backward(
+           _comms[handle], dy, x, weight, save_mean, save_invstd,
+           _bn_options(x, training, momentum, eps, stats), E._channels_last(x),
+           bias is not None, None if bias is None else bias.dtype),
+       backward_fake=lambda dy, x, weight, bias, *rest: (
+           torch.empty_like(x), _empty_like(weight), _empty_like(bias)),
+       grads_of=(0,), saved=(("in", 0), ("in", 1), ("in", 2), ("out", 1), ("out", 2)),
+       args_from=5, grads_for=(0, 1, 2)),
+    # Mamba-2's gated RMSNorm of channel-sharded rows, the gate z optional.
+    Op("rms_norm_gated",
+       "(Tensor x, Tensor? z, Tensor? weight, int group_size, int hidden, int offset, "
+       "bool norm_before_gate, int handle, float eps, str stats) -> (Tensor, Tensor)",
+       "(Tensor? dy, Tensor x, Tensor? z, Tensor? weight, Tensor rstd, int group_size, "
+       "int hidden, int offset, bool norm_before_gate, int handle, float eps, str stats) "
+       "-> (Tensor, Tensor, Tensor)",
+       forward=lambda x, z, weight, group_size, hidden, offset, nbg, handle, eps, stats:
+           E.rms_norm_gated_forward(_comms[handle], x, z, weight,
+                                    _gated_groups(group_size, hidden, offset, nbg),
+                                    E.norm_options(eps, stats)),
+       forward_fake=lambda x, z, weight, group_size, hidden, offset, nbg, handle, eps, stats: (
+           torch.empty_like(x), _stats_like(x, (E._rows(x), E._gated_groups_count(
+               x, _gated_groups(group_size, hidden, offset, nbg))))),
+       backward=lambda dy, x, z, weight, rstd, group_size, hidden, offset, nbg, handle, eps,
+       stats: E.rms_norm_gated_backward(_comms[handle], dy, x, z, weight, rstd,
+                                        _gated_groups(group_size, hidden, offset, nbg),
+                                        E.norm_options(eps, stats)),
+       backward_fake=lambda dy, x, z, weight, *rest: (
+           torch.empty_like(x), _empty_like(z), _empty_like(weight)),
+       grads_of=(0,), saved=(("in", 0), ("in", 1), ("in", 2), ("out", 1)),
+       args_from=3, grads_for=(0, 1, 2)),
+]
 
 if AVAILABLE:
-    # --- LayerNorm / RMSNorm -----------------------------------------------------------------
-    @torch.library.custom_op("tpnorm::row_norm", mutates_args=())
-    def row_norm(x: Tensor, weight: OptTensor, bias: OptTensor, handle: int, eps: float,
-                 stats: str, centered: bool, hidden_size: int) -> Tuple[Tensor, Tensor, Tensor]:
-        y, mean, rstd = E.row_norm_forward(_comms[handle], x, weight, bias,
-                                            E.norm_options(eps, stats, hidden_size), centered)
-        return y, (_absent(x) if mean is None else mean), rstd
-
-    @row_norm.register_fake
-    def _(x, weight, bias, handle, eps, stats, centered, hidden_size):
-        rows = E._rows(x)
-        mean = x.new_empty((rows,), dtype=E._stats_dtype(x)) if centered else _absent(x)
-        return torch.empty_like(x), mean, x.new_empty((rows,), dtype=E._stats_dtype(x))
-
-    @torch.library.custom_op("tpnorm::row_norm_backward", mutates_args=())
-    def row_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
-                          mean: Tensor, rstd: Tensor, handle: int, eps: float, stats: str,
-                          centered: bool, hidden_size: int) -> Tuple[Tensor, Tensor, Tensor]:
-        dx, dw, db = E.row_norm_backward(
-            _comms[handle], dy, x, weight, mean if centered else None, rstd,
-            E.norm_options(eps, stats, hidden_size), centered, bias is not None,
-            None if bias is None else bias.dtype)
-        return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
-
-    @row_norm_backward.register_fake
-    def _(dy, x, weight, bias, mean, rstd, handle, eps, stats, centered, hidden_size):
-        return (torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight),
-                _absent(x) if bias is None else torch.empty_like(bias))
-
-    def _row_setup(ctx, inputs, output):
-        x, weight, bias = inputs[:3]
-        _, mean, rstd = output
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
-        ctx.args = inputs[3:]
-
-    def _row_backward(ctx, dy, dmean, drstd):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        dx, dw, db = row_norm_backward(dy, x, weight, bias, mean, rstd, *ctx.args)
-        return (dx, None if weight is None else dw, None if bias is None else db) + \
-            (None,) * 5
-
-    row_norm.register_autograd(_row_backward, setup_context=_row_setup)
+    for _op in OPS:
+        globals()[_op.name], globals()[_op.name + "_backward"] = _register(_op)
 
     # --- several row norms in one collective (tpnorm.batched) -------------------------------
     # The parameters travel as one list of the present ones (``params``: the weights of the
@@ -165,206 +338,3 @@ if AVAILABLE:
         return list(g[:k]), list(g[k:]), None, None, None, None, None, None, None
 
     batched_row_norm.register_autograd(_batched_backward, setup_context=_batched_setup)
-
-    # --- fused residual add + LayerNorm / RMSNorm -------------------------------------------
-    @torch.library.custom_op("tpnorm::fused_add_norm", mutates_args=())
-    def fused_add_norm(x: Tensor, f: Tensor, weight: OptTensor, bias: OptTensor, alpha: float,
-                       handle: int, eps: float, stats: str, centered: bool,
-                       hidden_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        h, y, mean, rstd = E.fused_add_norm_forward(_comms[handle], x, f, weight, bias, alpha,
-                                                     E.norm_options(eps, stats, hidden_size),
-                                                     centered)
-        return h, y, (_absent(x) if mean is None else mean), rstd
-
-    @fused_add_norm.register_fake
-    def _(x, f, weight, bias, alpha, handle, eps, stats, centered, hidden_size):
-        rows = E._rows(x)
-        mean = x.new_empty((rows,), dtype=E._stats_dtype(x)) if centered else _absent(x)
-        return (torch.empty_like(x), torch.empty_like(x), mean,
-                x.new_empty((rows,), dtype=E._stats_dtype(x)))
-
-    @torch.library.custom_op("tpnorm::fused_add_norm_backward", mutates_args=())
-    def fused_add_norm_backward(dh: OptTensor, dy: Tensor, h: Tensor, weight: OptTensor,
-                                bias: OptTensor, mean: Tensor, rstd: Tensor, alpha: float,
-                                handle: int, eps: float, stats: str, centered: bool,
-                                hidden_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        dx, df, dw, db = E.fused_add_norm_backward(
-            _comms[handle], dh, dy, h, weight, mean if centered else None, rstd, alpha,
-            E.norm_options(eps, stats, hidden_size), centered, bias is not None,
-            None if bias is None else bias.dtype)
-        return dx, df, (_absent(h) if dw is None else dw), (_absent(h) if db is None else db)
-
-    @fused_add_norm_backward.register_fake
-    def _(dh, dy, h, weight, bias, mean, rstd, alpha, handle, eps, stats, centered,
-          hidden_size):
-        return (torch.empty_like(h), torch.empty_like(h),
-                _absent(h) if weight is None else torch.empty_like(weight),
-                _absent(h) if bias is None else torch.empty_like(bias))
-
-    def _fused_setup(ctx, inputs, output):
-        weight, bias = inputs[2:4]
-        h, _, mean, rstd = output
-        ctx.save_for_backward(h, weight, bias, mean, rstd)
-        ctx.args = inputs[4:]
-
-    def _fused_backward(ctx, dh, dy, dmean, drstd):
-        h, weight, bias, mean, rstd = ctx.saved_tensors
-        if dy is None:
-            dy = torch.zeros_like(h)
-        dx, df, dw, db = fused_add_norm_backward(dh, dy, h, weight, bias, mean, rstd, *ctx.args)
-        return (dx, df, None if weight is None else dw, None if bias is None else db) + \
-            (None,) * 6
-
-    fused_add_norm.register_autograd(_fused_backward, setup_context=_fused_setup)
-
-    # --- GroupNorm / InstanceNorm -----------------------------------------------------------
-    @torch.library.custom_op("tpnorm::group_norm", mutates_args=())
-    def group_norm(x: Tensor, weight: OptTensor, bias: OptTensor, groups: int, channels: int,
-                   channel_offset: int, handle: int, eps: float, stats: str,
-                   instance: bool) -> Tuple[Tensor, Tensor, Tensor]:
-        cg = _C.ChannelGroups(groups=groups, channels=channels, channel_offset=channel_offset)
-        return E.group_norm_forward(_comms[handle], x, weight, bias, cg,
-                                     E.norm_options(eps, stats), instance)
-
-    @group_norm.register_fake
-    def _(x, weight, bias, groups, channels, channel_offset, handle, eps, stats, instance):
-        g = channels if instance else groups
-        return (torch.empty_like(x), x.new_empty((x.shape[0], g), dtype=E._stats_dtype(x)),
-                x.new_empty((x.shape[0], g), dtype=E._stats_dtype(x)))
-
-    @torch.library.custom_op("tpnorm::group_norm_backward", mutates_args=())
-    def group_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
-                            mean: Tensor, rstd: Tensor, groups: int, channels: int,
-                            channel_offset: int, handle: int, eps: float, stats: str,
-                            instance: bool) -> Tuple[Tensor, Tensor, Tensor]:
-        cg = _C.ChannelGroups(groups=groups, channels=channels, channel_offset=channel_offset)
-        dx, dw, db = E.group_norm_backward(_comms[handle], dy, x, weight, mean, rstd, cg,
-                                            E.norm_options(eps, stats), instance,
-                                            bias is not None)
-        return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
-
-    @group_norm_backward.register_fake
-    def _(dy, x, weight, bias, mean, rstd, groups, channels, channel_offset, handle, eps, stats,
-          instance):
-        return (torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight),
-                _absent(x) if bias is None else x.new_empty((x.shape[1],)))
-
-    def _group_setup(ctx, inputs, output):
-        x, weight, bias = inputs[:3]
-        _, mean, rstd = output
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
-        ctx.args = inputs[3:]
-
-    def _group_backward(ctx, dy, dmean, drstd):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        dx, dw, db = group_norm_backward(dy, x, weight, bias, mean, rstd, *ctx.args)
-        return (dx, None if weight is None else dw, None if bias is None else db) + \
-            (None,) * 7
-
-    group_norm.register_autograd(_group_backward, setup_context=_group_setup)
-
-    # --- SyncBatchNorm ----------------------------------------------------------------------
-    def _bn_options(x, training, momentum, eps, stats):
-        return _C.BatchNormOptions(eps=eps, momentum=momentum, training=training,
-                                   layout=E._LAYOUT[E._channels_last(x)],
-                                   stats=E._STATS[stats])
-
-    # Functional (autograd needs it): the updated running statistics are returned, and the
-    # caller copies them into its buffers; on failure nothing is returned to copy.
-    @torch.library.custom_op("tpnorm::sync_batch_norm", mutates_args=())
-    def sync_batch_norm(x: Tensor, weight: OptTensor, bias: OptTensor, running_mean: OptTensor,
-                        running_var: OptTensor, handle: int, training: bool, momentum: float,
-                        eps: float, stats: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        opt = _bn_options(x, training, momentum, eps, stats)
-        rm = _absent(x) if running_mean is None else running_mean.clone()
-        rv = _absent(x) if running_var is None else running_var.clone()
-        y, save_mean, save_invstd = E.sync_batch_norm_forward(
-            _comms[handle], x, weight, bias, None if running_mean is None else rm,
-            None if running_var is None else rv, opt, E._channels_last(x))
-        return y, save_mean, save_invstd, rm, rv
-
-    @sync_batch_norm.register_fake
-    def _(x, weight, bias, running_mean, running_var, handle, training, momentum, eps, stats):
-        C = x.shape[1]
-        return (torch.empty_like(x), x.new_empty((C,), dtype=E._stats_dtype(x)),
-                x.new_empty((C,), dtype=E._stats_dtype(x)),
-                _absent(x) if running_mean is None else torch.empty_like(running_mean),
-                _absent(x) if running_var is None else torch.empty_like(running_var))
-
-    @torch.library.custom_op("tpnorm::sync_batch_norm_backward", mutates_args=())
-    def sync_batch_norm_backward(dy: Tensor, x: Tensor, weight: OptTensor, bias: OptTensor,
-                                 save_mean: Tensor, save_invstd: Tensor, handle: int,
-                                 training: bool, momentum: float, eps: float,
-                                 stats: str) -> Tuple[Tensor, Tensor, Tensor]:
-        opt = _bn_options(x, training, momentum, eps, stats)
-        dx, dw, db = E.sync_batch_norm_backward(
-            _comms[handle], dy, x, weight, save_mean, save_invstd, opt, E._channels_last(x),
-            bias is not None, None if bias is None else bias.dtype)
-        return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
-
-    @sync_batch_norm_backward.register_fake
-    def _(dy, x, weight, bias, save_mean, save_invstd, handle, training, momentum, eps, stats):
-        return (torch.empty_like(x), _absent(x) if weight is None else torch.empty_like(weight),
-                _absent(x) if bias is None else torch.empty_like(bias))
-
-    def _bn_setup(ctx, inputs, output):
-        x, weight, bias = inputs[:3]
-        save_mean, save_invstd = output[1:3]
-        ctx.save_for_backward(x, weight, bias, save_mean, save_invstd)
-        ctx.args = inputs[5:]
-
-    def _bn_backward(ctx, dy, dmean, dinvstd, drunning_mean, drunning_var):
-        x, weight, bias, save_mean, save_invstd = ctx.saved_tensors
-        dx, dw, db = sync_batch_norm_backward(dy, x, weight, bias, save_mean, save_invstd,
-                                              *ctx.args)
-        return (dx, None if weight is None else dw, None if bias is None else db) + \
-            (None,) * 7
-
-    sync_batch_norm.register_autograd(_bn_backward, setup_context=_bn_setup)
-
-    # --- gated RMSNorm (Mamba-2) ------------------------------------------------------------
-    def _gated_groups(group_size, hidden, offset, norm_before_gate):
-        return _C.GatedGroups(group_size=group_size, hidden=hidden, offset=offset,
-                              norm_before_gate=norm_before_gate)
-
-    @torch.library.custom_op("tpnorm::rms_norm_gated", mutates_args=())
-    def rms_norm_gated(x: Tensor, z: OptTensor, weight: OptTensor, group_size: int, hidden: int,
-                       offset: int, norm_before_gate: bool, handle: int, eps: float,
-                       stats: str) -> Tuple[Tensor, Tensor]:
-        gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
-        return E.rms_norm_gated_forward(_comms[handle], x, z, weight, gg,
-                                         E.norm_options(eps, stats))
-
-    @rms_norm_gated.register_fake
-    def _(x, z, weight, group_size, hidden, offset, norm_before_gate, handle, eps, stats):
-        gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
-        return (torch.empty_like(x), x.new_empty((E._rows(x), E._gated_groups_count(x, gg)),
-                                                 dtype=E._stats_dtype(x)))
-
-    @torch.library.custom_op("tpnorm::rms_norm_gated_backward", mutates_args=())
-    def rms_norm_gated_backward(dy: Tensor, x: Tensor, z: OptTensor, weight: OptTensor,
-                                rstd: Tensor, group_size: int, hidden: int, offset: int,
-                                norm_before_gate: bool, handle: int, eps: float,
-                                stats: str) -> Tuple[Tensor, Tensor, Tensor]:
-        gg = _gated_groups(group_size, hidden, offset, norm_before_gate)
-        dx, dz, dw = E.rms_norm_gated_backward(_comms[handle], dy, x, z, weight, rstd, gg,
-                                                E.norm_options(eps, stats))
-        return dx, (_absent(x) if dz is None else dz), (_absent(x) if dw is None else dw)
-
-    @rms_norm_gated_backward.register_fake
-    def _(dy, x, z, weight, rstd, group_size, hidden, offset, norm_before_gate, handle, eps,
-          stats):
-        return (torch.empty_like(x), _absent(x) if z is None else torch.empty_like(z),
-                _absent(x) if weight is None else torch.empty_like(weight))
-
-    def _gated_setup(ctx, inputs, output):
-        x, z, weight = inputs[:3]
-        ctx.save_for_backward(x, z, weight, output[1])
-        ctx.args = inputs[3:]
-
-    def _gated_backward(ctx, dy, drstd):
-        x, z, weight, rstd = ctx.saved_tensors
-        dx, dz, dw = rms_norm_gated_backward(dy, x, z, weight, rstd, *ctx.args)
-        return (dx, None if z is None else dz, None if weight is None else dw) + (None,) * 7
-
-    rms_norm_gated.register_autograd(_gated_backward, setup_context=_gated_setup)
