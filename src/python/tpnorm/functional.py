@@ -1,4 +1,4 @@
-"""tpnorm's functional forms and the Python autograd Functions of the eager path.
+"""tpnorm's functional forms: the public functions and their dispatch.
 
 The functional forms take torch.nn.functional's arguments in its order, then keyword-only
 ``process_group`` (anything ``tpnorm.as_communicator`` accepts; None: the default
