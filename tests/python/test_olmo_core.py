@@ -332,7 +332,8 @@ def test_refuses_what_it_does_not_keep():
     report = []
     for field, value, why in (("qk_norm", None, "no q/k norm"),
                               ("use_head_qk_norm", True, "per-head norms"),
-                              ("clip_qkv", 8.0, "clip_qkv")):
+                              ("clip_qkv", 8.0, "clip_qkv"),
+                              ("use_recompute_qkv_prep", True, "recomputed q/k preparation")):
         cfg = TransformerConfig.olmo2_1M(**SIZES)
         setattr(cfg.block.sequence_mixer, field, value)
         model = cfg.build(init_device="meta")

@@ -560,8 +560,9 @@ def olmo_core_qk_norm(model, *, stats="robust"):
     stay, and a distributed checkpoint of either loads into the other. Attentions without these
     norms are left to OLMo-core. Refused, before anything changes: a model with none of them, a
     subclass with its own apply_tp (FusedAttentionV2's packed w_qkv, NormalizedAttention),
-    clip_qkv (its clamp comes between projection and norm) and scalable_softmax. Returns
-    ``model``."""
+    clip_qkv (its clamp comes between projection and norm), scalable_softmax and
+    use_recompute_qkv_prep (its recompute would no longer cover the projections and norms).
+    Returns ``model``."""
     from olmo_core.nn.attention import Attention
 
     chosen = []
@@ -573,9 +574,10 @@ def olmo_core_qk_norm(model, *, stats="robust"):
         if type(mod).apply_tp is not Attention.apply_tp:
             raise ValueError(f"{where} has its own apply_tp; only OLMo-core's Attention plan is "
                              "taken")
-        if mod.clip_qkv is not None or mod.ssmax_scale is not None:
-            raise ValueError(f"{where} uses clip_qkv or scalable_softmax, which this route does "
-                             "not keep")
+        if mod.clip_qkv is not None or mod.ssmax_scale is not None or \
+                mod.use_recompute_qkv_prep:
+            raise ValueError(f"{where} uses clip_qkv, scalable_softmax or "
+                             "use_recompute_qkv_prep, which this route does not keep")
         if "apply_tp" in mod.__dict__:
             raise ValueError(f"{where} is already set")
         chosen.append(mod)
