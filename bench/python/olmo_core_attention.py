@@ -26,15 +26,13 @@ gradient and every parameter's gradient against the same attention in float64, u
 import argparse
 import copy
 import dataclasses
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 from olmo_core.nn.transformer import TransformerConfig
-from tp_block import CommBytes, full
+from tp_block import CommBytes, full, init_gloo
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
 
@@ -67,16 +65,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=256, help="tokens per sequence")
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=10,
+                    help="steps before counting: past the first 16 calls of tpnorm's "
+                         "communicator, whose header goes first (docs/cpp-api.md)")
     ap.add_argument("--steps", type=int, default=60)
     a = ap.parse_args()
-    world = MPI.COMM_WORLD
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = world.bcast(s.getsockname()[1] if world.rank == 0 else None, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.rank,
-                            world_size=world.size)
-    torch.set_num_threads(1)
+    world = init_gloo()
     P, r = world.size, world.rank
     mesh = init_device_mesh("cpu", (P,))
     g = torch.Generator().manual_seed(2)
