@@ -101,6 +101,6 @@ case "${1:-}" in
   ensure) ensure ;;
   python) [ -x "$VPY" ] && echo "$VPY" || true ;;
   install) shift; install_package "$@" ;;
-  -h|--help|help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  -h|--help|help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
   *) die "usage: python-env.sh ensure | python | install BUILD_DIR" ;;
 esac
