@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The second Python environment of the test suite: the current torch from PyPI, as users run it,
 # next to Debian's python3-torch. A venv of /usr/bin/python3 (made once, reused) holding the
-# pinned torch, torchvision and timm, mpi4py, pytest and the package's build requirements; tpnorm goes into it with
+# pinned torch, the model libraries (torchvision, timm, mmengine, transformers, accelerate,
+# OLMo-core), mpi4py, pytest and the package's build requirements; tpnorm goes into it with
 # `pip install`, the user's route.
 #
 #   launch/python-env.sh ensure              make the venv if it is missing or holds another
@@ -20,7 +21,15 @@ set -euo pipefail
 TORCH_VERSION=2.15.0
 MODEL_LIBS=(torchvision==0.29.2 timm==1.0.31 mmengine==0.10.7 transformers==5.25.0
             accelerate==1.16.0)
-PINS="torch==$TORCH_VERSION ${MODEL_LIBS[*]}"
+# OLMo-core (AllenAI's training stack) declares torch < 2.14, so pip would replace the torch
+# above; its code runs under this one, so it goes in without its declared dependencies and
+# they follow, pinned, torch left out. cached-path (its file reader) goes in the same way: it
+# declares huggingface-hub < 2, which transformers above outgrows, and imports boto3 and
+# google-cloud-storage at import time, which come with theirs (docs/install.md).
+OLMO_CORE=(ai2-olmo-core==3.0.0 cached-path==1.8.10)
+OLMO_CORE_DEPS=(dataclass-extensions==0.5.0 importlib-resources==7.1.0 bettermap==1.3.1
+                pandas==3.1.1 requests==2.34.2 boto3==1.44.5 google-cloud-storage==3.17.1)
+PINS="torch==$TORCH_VERSION ${MODEL_LIBS[*]} ${OLMO_CORE[*]}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${TPNORM_TORCH_VENV:-$ROOT/.venv-torch}"
@@ -29,6 +38,14 @@ STAMP="$VENV/tpnorm-torch-version"
 
 log() { printf '[python-env] %s\n' "$*" >&2; }
 die() { printf '[python-env] error: %s\n' "$*" >&2; exit 1; }
+
+# The pinned torch and the model libraries (OLMo-core as said above).
+model_libs() {
+  local pip=("$VPY" -m pip --disable-pip-version-check -q)
+  "${pip[@]}" install "torch==$TORCH_VERSION" "${MODEL_LIBS[@]}" >&2
+  "${pip[@]}" install --no-deps "${OLMO_CORE[@]}" >&2
+  "${pip[@]}" install "${OLMO_CORE_DEPS[@]}" >&2
+}
 
 ensure() {
   local stamp
@@ -40,9 +57,8 @@ ensure() {
   if [ -x "$VPY" ] && { [ "${stamp%% *}" = "torch==$TORCH_VERSION" ] ||
                         [ "$stamp" = "$TORCH_VERSION" ]; }; then
     # the pinned torch, other model libraries: add (or change) those
-    log "adding ${MODEL_LIBS[*]} to $VENV"
-    "$VPY" -m pip --disable-pip-version-check -q install "torch==$TORCH_VERSION" \
-      "${MODEL_LIBS[@]}" >&2
+    log "adding ${MODEL_LIBS[*]} ${OLMO_CORE[*]} to $VENV"
+    model_libs
     echo "$PINS" >"$STAMP"
     echo "$VPY"
     return 0
@@ -58,7 +74,7 @@ ensure() {
   rm -rf "$VENV"
   /usr/bin/python3 -m venv "$VENV"
   local pip=("$VPY" -m pip --disable-pip-version-check -q)
-  "${pip[@]}" install "torch==$TORCH_VERSION" "${MODEL_LIBS[@]}" >&2
+  model_libs
   # mpi4py builds against the system MPI (libopenmpi-dev) when PyPI has no wheel for it.
   "${pip[@]}" install mpi4py pytest numpy "scikit-build-core>=0.8" "pybind11>=2.10" >&2
   echo "$PINS" >"$STAMP"
@@ -85,6 +101,6 @@ case "${1:-}" in
   ensure) ensure ;;
   python) [ -x "$VPY" ] && echo "$VPY" || true ;;
   install) shift; install_package "$@" ;;
-  -h|--help|help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  -h|--help|help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
   *) die "usage: python-env.sh ensure | python | install BUILD_DIR" ;;
 esac

@@ -252,8 +252,8 @@ int main(int argc, char** argv) {
                     r.op.c_str());
       std::fflush(stdout);
     }
-    const std::vector<Collective> fwd{{false, double(r.fwd_bytes), double(r.fwd_bytes)}},
-        bwd{{false, double(r.bwd_bytes), double(r.bwd_bytes)}};
+    const auto reduce = [](uint64_t b) { return Collective{Collective::kAllReduce, double(b), double(b)}; };
+    const std::vector<Collective> fwd{reduce(r.fwd_bytes)}, bwd{reduce(r.bwd_bytes)};
     projected.push_back({r.op, [fwd, bwd](int, bool forward) { return forward ? fwd : bwd; }});
     errors += (r.wrong != 0) + !r.bytes_ok;
   }

@@ -71,6 +71,15 @@ double allgather_seconds(const Topology& t, int P, double bytes_per_rank) {
          1.0 * (l.nodes - 1) * t.net.alpha_ring + (P - 1.0) * bytes_per_rank * beta(t, l.nodes);
 }
 
+double alltoall_seconds(const Topology& t, int P, double bytes_per_rank) {
+  if (P < 2) return 0;
+  const Layout l = layout(t, P);
+  const double in_node = (l.per_node - 1.0) / P * bytes_per_rank * t.intra.beta;
+  const double across = (P - 1.0 * l.per_node) / P * bytes_per_rank * t.net.beta;
+  return t.base_ring + (l.nodes > 1 ? t.net.alpha_ring : t.intra.alpha_ring) +
+         std::max(in_node, across);
+}
+
 std::pair<double, double> fit_line(const std::vector<std::pair<double, double>>& samples) {
   double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (const auto& [x, y] : samples) {

@@ -10,6 +10,10 @@
 //   all-reduce: the faster of the two (NCCL picks per call)
 //   ring all-gather of b bytes per rank: base_ring + (P-N) a_in + (N-1) a_net + (P-1) b beta
 //     (NCCL's all-gather has no tree)
+//   all-to-all of b bytes per rank (b/P to each rank): NCCL's is P-1 concurrent sends and
+//     receives, which its tuning model does not cover; here one step of latency and each link's
+//     share: base_ring + a + max((G'-1)/P b beta_in, (P-G')/P b beta_net), G' = P/N ranks per
+//     node, a = a_in when N = 1 else a_net (the intra-node and network parts at once)
 // beta is the intra-node link's when N = 1, else the slower of the two links (the ring and the
 // trees cross the network at the per-GPU network rate).
 #pragma once
@@ -41,6 +45,7 @@ double ring_allreduce_seconds(const Topology& t, int P, double bytes);
 double tree_allreduce_seconds(const Topology& t, int P, double bytes);
 double allreduce_seconds(const Topology& t, int P, double bytes);  // min(ring, tree)
 double allgather_seconds(const Topology& t, int P, double bytes_per_rank);
+double alltoall_seconds(const Topology& t, int P, double bytes_per_rank);
 
 /// Which algorithm a projection uses for its all-reduces.
 enum class Algo { kRing, kTree, kBest };

@@ -110,7 +110,7 @@ int64_t groups_of(const BenchConfig& c) { return c.hidden % kGroups == 0 ? kGrou
 std::vector<Collective> plan_tpnorm(const BenchConfig& c, int P, int, bool) {
   const double table = P > 1 ? 2.0 * P : 0.0;
   const double b = (static_cast<double>(c.rows * groups_of(c)) + header_values(true) + table) * 8;
-  return {{false, b, b}};
+  return {{Collective::kAllReduce, b, b}};
 }
 // Forward: x and z gathered; backward: dy.
 std::vector<Collective> plan_gather(const BenchConfig& c, int P, int rank, bool forward) {
@@ -119,8 +119,9 @@ std::vector<Collective> plan_gather(const BenchConfig& c, int P, int rank, bool 
                           ? total / P
                           : static_cast<double>(c.rows) *
                                 tpnorm_test::split_even(c.hidden, P).count[rank] * sizeof(float);
-  if (forward) return {{true, mine, total}, {true, mine, total}};
-  return {{true, mine, total}};
+  const Collective gather{Collective::kAllGather, mine, total};
+  if (forward) return {gather, gather};
+  return {gather};
 }
 
 }  // namespace

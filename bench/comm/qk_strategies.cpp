@@ -1,4 +1,4 @@
-// qk_strategies.cpp — three ways to compute an attention layer's QK-norm under tensor
+// qk_strategies.cpp — four ways to compute an attention layer's QK-norm under tensor
 // parallelism: q_norm = RMSNorm over all heads of q [tokens, H], k_norm = RMSNorm over all heads
 // of k [tokens, HK] (HF transformers' OLMo 2, OLMoE, MiniMax-M2), the heads split over P ranks
 // (./launch/tpnorm bench --strategies qk --hidden H --kv-hidden HK):
@@ -6,6 +6,11 @@
 //   qk_two      q_norm and k_norm as two calls: two all-reduces per pass
 //   qk_gather   all-gather q and k, normalise whole rows locally, keep this rank's columns
 //               (vLLM's and SGLang's OLMo 2 / OLMoE); backward all-gathers dq and dk
+//   qk_a2a      q and k from the heads' split to the tokens' (an all-to-all each), whole rows
+//               normalised there, the outputs sent back (another each); backward the same for
+//               dy and dx, and the weights' gradients (partial over each rank's tokens)
+//               all-reduced: OLMo-core's Attention.apply_tp, whose DTensor redistributions
+//               Shard(2) -> Shard(1) -> Shard(2) are these all-to-alls
 // Each part is a RowNormCase (RMSNorm, its own seeded data), checked against the float64
 // reference as the LayerNorm strategies are.
 #include <cmath>
@@ -107,6 +112,104 @@ class GatherRmsCase : public RowNormCase {
   std::vector<float> x_all_;
 };
 
+// RMSNorm the OLMo-core way: whole rows of this rank's tokens (split_even of the rows), gamma
+// whole on every rank (Replicate).
+class AllToAllRmsCase : public RowNormCase {
+ public:
+  AllToAllRmsCase(const BenchConfig& c, int rank, int size, uint64_t seed)
+      : RowNormCase(false, c, rank, size, seed),
+        cols_(tpnorm_test::split_even(c.hidden, size)),
+        rows_(tpnorm_test::split_even(c.rows, size)),
+        r0_(rows_.offset[rank]),
+        n_(rows_.count[rank]) {
+    rstd_rows_ = {r0_, r0_ + n_};
+  }
+
+  void forward(Communicator& comm) override {
+    to_rows(comm, f32(x_), x_rows_);
+    std::vector<float> y(static_cast<size_t>(n_ * H_));
+    for (int64_t r = 0; r < n_; ++r) {
+      double ss = 0;
+      for_row(r, [&](int64_t i, int64_t n, int64_t) {
+        const float* v = &x_rows_[i];
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < n; ++j) ss += double(v[j]) * v[j];
+      });
+      const double rstd = 1 / std::sqrt(ss / H_ + 1e-5);
+      rstd_[r0_ + r] = static_cast<float>(rstd);
+      for_row(r, [&](int64_t i, int64_t n, int64_t c0) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j)
+          y[i + j] = static_cast<float>(x_rows_[i + j] * rstd * G_[c0 + j]);
+      });
+    }
+    from_rows(comm, y, f32(y_));
+  }
+
+  void backward(Communicator& comm) override {
+    std::vector<float> dy, dx(static_cast<size_t>(n_ * H_)), dg(H_);
+    to_rows(comm, f32(dy_), dy);
+    std::vector<double> sdg(H_, 0.0);
+    for (int64_t r = 0; r < n_; ++r) {
+      const double rstd = rstd_[r0_ + r];
+      double b = 0;
+      for_row(r, [&](int64_t i, int64_t n, int64_t c0) {
+#pragma omp simd reduction(+ : b)
+        for (int64_t j = 0; j < n; ++j) b += double(G_[c0 + j]) * dy[i + j] * x_rows_[i + j] * rstd;
+      });
+      const double bh = b / H_;
+      for_row(r, [&](int64_t i, int64_t n, int64_t c0) {
+        for (int64_t j = 0; j < n; ++j) {
+          const double xhat = x_rows_[i + j] * rstd;
+          dx[i + j] = static_cast<float>(rstd * (G_[c0 + j] * double(dy[i + j]) - xhat * bh));
+          sdg[c0 + j] += dy[i + j] * xhat;
+        }
+      });
+    }
+    from_rows(comm, dx, f32(dx_));
+    // gamma's gradient over this rank's tokens: Partial, summed over the ranks (OLMo-core
+    // leaves it Partial until the gradient is read; a step reads it)
+    for (int64_t j = 0; j < H_; ++j) dg[j] = static_cast<float>(sdg[j]);
+    comm.all_reduce_sum(dg.data(), dg.size(), tpnorm::DType::F32);
+    std::copy_n(&dg[c0_], h_, f32(dg_));
+  }
+
+ private:
+  // This rank's rows, whole, lie in blocks by the rank that held the columns: block p is
+  // [n_, cols_.count[p]] at n_ * cols_.offset[p]. f(index, count, first column) per block of
+  // row r.
+  template <class F>
+  void for_row(int64_t r, F&& f) const {
+    for (size_t p = 0; p < cols_.count.size(); ++p)
+      f(n_ * cols_.offset[p] + r * cols_.count[p], cols_.count[p], cols_.offset[p]);
+  }
+  // [R, h_] (this rank's columns of every row) -> this rank's rows, whole.
+  void to_rows(Communicator& comm, const float* mine, std::vector<float>& rows) {
+    const size_t P = cols_.count.size();
+    std::vector<int> send(P), recv(P);
+    for (size_t p = 0; p < P; ++p) {
+      send[p] = static_cast<int>(rows_.count[p] * h_ * sizeof(float));
+      recv[p] = static_cast<int>(n_ * cols_.count[p] * sizeof(float));
+    }
+    rows.resize(static_cast<size_t>(n_ * H_));
+    all_to_all(comm, mine, send, rows.data(), recv);
+  }
+  // The reverse: this rank's rows, whole -> [R, h_].
+  void from_rows(Communicator& comm, const std::vector<float>& rows, float* mine) {
+    const size_t P = cols_.count.size();
+    std::vector<int> send(P), recv(P);
+    for (size_t p = 0; p < P; ++p) {
+      send[p] = static_cast<int>(n_ * cols_.count[p] * sizeof(float));
+      recv[p] = static_cast<int>(rows_.count[p] * h_ * sizeof(float));
+    }
+    all_to_all(comm, rows.data(), send, mine, recv);
+  }
+
+  tpnorm_test::Split cols_, rows_;
+  int64_t r0_, n_;
+  std::vector<float> x_rows_;  // the forward's rows, kept for the backward
+};
+
 // One layer's q and k parts; Batched: both in one tpnorm call, else each part on its own.
 template <class Part, bool Batched>
 class QkCase : public BenchCase {
@@ -161,11 +264,28 @@ double rows(const BenchConfig& c) { return static_cast<double>(c.rows); }
 // call") after the call's header; a batched call adds one count per item (tpnorm/batched.h).
 std::vector<Collective> plan_qk_tpnorm(const BenchConfig& c, int, int, bool) {
   const double b = (2 * rows(c) + 2 + header_values(true)) * sizeof(double);
-  return {{false, b, b}};
+  return {{Collective::kAllReduce, b, b}};
 }
 std::vector<Collective> plan_qk_two(const BenchConfig& c, int, int, bool) {
   const double b = (rows(c) + header_values(true)) * sizeof(double);
-  return {{false, b, b}, {false, b, b}};
+  return {{Collective::kAllReduce, b, b}, {Collective::kAllReduce, b, b}};
+}
+// Per norm: its columns of every row to whole rows and the output back, forward (x, y) and
+// backward (dy, dx); backward also gamma's gradient, H float32 values.
+std::vector<Collective> plan_qk_a2a(const BenchConfig& c, int P, int rank, bool forward) {
+  std::vector<Collective> out;
+  for (int64_t h : {c.hidden, kv_hidden(c)}) {
+    const double total = rows(c) * static_cast<double>(h) * sizeof(float);
+    const double cols = rank < 0 ? total / P
+                                 : rows(c) * tpnorm_test::split_even(h, P).count[rank] * sizeof(float);
+    const double whole =
+        rank < 0 ? total / P
+                 : tpnorm_test::split_even(c.rows, P).count[rank] * static_cast<double>(h) * sizeof(float);
+    out.push_back({Collective::kAllToAll, cols, total});
+    out.push_back({Collective::kAllToAll, whole, total});
+    if (!forward) out.push_back({Collective::kAllReduce, h * 4.0, h * 4.0});
+  }
+  return out;
 }
 std::vector<Collective> plan_qk_gather(const BenchConfig& c, int P, int rank, bool) {
   std::vector<Collective> out;
@@ -173,7 +293,7 @@ std::vector<Collective> plan_qk_gather(const BenchConfig& c, int P, int rank, bo
     const double total = rows(c) * static_cast<double>(h) * sizeof(float);
     const double mine =
         rank < 0 ? total / P : rows(c) * tpnorm_test::split_even(h, P).count[rank] * sizeof(float);
-    out.push_back({true, mine, total});
+    out.push_back({Collective::kAllGather, mine, total});
   }
   return out;
 }
@@ -188,6 +308,8 @@ std::vector<BenchStrategy> qk_strategies() {
        plan_qk_two, "qknorm"},
       {"qk_gather", "all-gather q and k, local norms, slice (vLLM, SGLang)",
        make<QkCase<GatherRmsCase, false>>, plan_qk_gather, "qknorm"},
+      {"qk_a2a", "q, k to the tokens' split and back: 4 all-to-alls / pass (OLMo-core)",
+       make<QkCase<AllToAllRmsCase, false>>, plan_qk_a2a, "qknorm"},
   };
 }
 

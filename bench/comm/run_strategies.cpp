@@ -167,7 +167,8 @@ int run_strategies(const Flags& f, tpnorm::Communicator& world, const Fits& fits
           (long long)f.cfg.rows, (long long)f.cfg.hidden, f.iters, f.warmup);
     std::printf(
         "# fwdC/bwdC collectives per pass and fwd_B/bwd_B bytes this rank puts in them "
-        "(counted; all-gather: its own block), checked against each strategy's plan; "
+        "(counted; all-gather: its own block; all-to-all: all it sends), checked against each "
+        "strategy's plan; "
         "wire_B = bytes per rank per step on the wire under ring algorithms\n");
     std::printf(
         "# times in us per step, median over iterations of the slowest rank; comm = "

@@ -233,26 +233,26 @@ double rows(const BenchConfig& c) { return static_cast<double>(c.rows); }
 
 std::vector<Collective> plan_tpnorm(const BenchConfig& c, int, int, bool) {
   const double b = (2 * rows(c) + header_values(true)) * sizeof(double);
-  return {{false, b, b}};
+  return {{Collective::kAllReduce, b, b}};
 }
 std::vector<Collective> plan_two_pass(const BenchConfig& c, int, int, bool) {
   const double b = rows(c) * sizeof(double);
-  return {{false, b, b}, {false, b, b}};
+  return {{Collective::kAllReduce, b, b}, {Collective::kAllReduce, b, b}};
 }
 std::vector<Collective> plan_gather_row(const BenchConfig& c, int P, int rank, bool) {
   const double total = rows(c) * static_cast<double>(c.hidden) * sizeof(float);
   const double mine =
       rank < 0 ? total / P
                : rows(c) * tpnorm_test::split_even(c.hidden, P).count[rank] * sizeof(float);
-  return {{true, mine, total}};
+  return {{Collective::kAllGather, mine, total}};
 }
 std::vector<Collective> plan_gather_stats(const BenchConfig& c, int P, int, bool forward) {
   if (!forward) {
     const double b = 2 * rows(c) * sizeof(double);
-    return {{false, b, b}};
+    return {{Collective::kAllReduce, b, b}};
   }
   const double mine = 3 * rows(c) * sizeof(double);
-  return {{true, mine, mine * P}};
+  return {{Collective::kAllGather, mine, mine * P}};
 }
 
 }  // namespace
@@ -268,6 +268,26 @@ void all_gather(Communicator& comm, const void* mine, void* out,
   };
   if (auto* t = dynamic_cast<TimedCommunicator*>(&comm))
     t->external(static_cast<uint64_t>(my_bytes), run);
+  else
+    run();
+}
+
+void all_to_all(Communicator& comm, const void* mine, const std::vector<int>& send_bytes,
+                void* out, const std::vector<int>& recv_bytes) {
+  auto displs = [](const std::vector<int>& n) {
+    std::vector<int> d(n.size(), 0);
+    for (size_t p = 1; p < d.size(); ++p) d[p] = d[p - 1] + n[p - 1];
+    return d;
+  };
+  const std::vector<int> sd = displs(send_bytes), rd = displs(recv_bytes);
+  uint64_t sent = 0;
+  for (int b : send_bytes) sent += static_cast<uint64_t>(b);
+  auto run = [&] {
+    MPI_Alltoallv(mine, send_bytes.data(), sd.data(), MPI_BYTE, out, recv_bytes.data(), rd.data(),
+                  MPI_BYTE, MPI_COMM_WORLD);
+  };
+  if (auto* t = dynamic_cast<TimedCommunicator*>(&comm))
+    t->external(sent, run);
   else
     run();
 }
@@ -293,7 +313,9 @@ const std::vector<BenchStrategy>& bench_strategies() {
 double wire_bytes(const std::vector<Collective>& plan, int P) {
   double w = 0;
   for (const Collective& c : plan)
-    w += c.gather ? (P - 1.0) / P * c.total : 2.0 * (P - 1) / P * c.bytes;
+    w += c.kind == Collective::kAllGather  ? (P - 1.0) / P * c.total
+         : c.kind == Collective::kAllToAll ? (P - 1.0) / P * c.bytes
+                                           : 2.0 * (P - 1) / P * c.bytes;
   return w;
 }
 
@@ -301,7 +323,9 @@ double plan_seconds(const std::vector<Collective>& plan, int P, const Topology& 
                     const Topology& ag, Algo algo) {
   double t = 0;
   for (const Collective& c : plan)
-    t += c.gather ? allgather_seconds(ag, P, c.total / P) : allreduce_seconds(ar, P, c.bytes, algo);
+    t += c.kind == Collective::kAllGather  ? allgather_seconds(ag, P, c.total / P)
+         : c.kind == Collective::kAllToAll ? alltoall_seconds(ag, P, c.total / P)
+                                           : allreduce_seconds(ar, P, c.bytes, algo);
   return t;
 }
 

@@ -9,11 +9,11 @@
 //   gather_stats  all-gather each rank's (count, mean, M2) per row and merge them with Chan's
 //                 formula; backward one all-reduce of (sum g*dy, sum g*dy*xhat) (PyTorch / apex
 //                 SyncBatchNorm's scheme, applied to rows)
-// qk_strategies.cpp adds an attention's QK-norm (two RMSNorms per layer) done three ways.
+// qk_strategies.cpp adds an attention's QK-norm (two RMSNorms per layer) done four ways.
 // Each is a BenchCase of row_norm_case.h (same seeded data, same float64 check); the others
 // than tpnorm compute in float64 accumulators with fp32 storage and make their all-reduces on
-// the benchmark's communicator and their all-gathers with MPI_Allgatherv on MPI_COMM_WORLD (the
-// same ranks; tpnorm's Communicator has no all-gather).
+// the benchmark's communicator and their all-gathers and all-to-alls with MPI_Allgatherv and
+// MPI_Alltoallv on MPI_COMM_WORLD (the same ranks; tpnorm's Communicator has neither).
 #pragma once
 
 #include <memory>
@@ -24,10 +24,12 @@
 
 namespace tpnorm_bench {
 
-/// One collective of a pass: an all-reduce of `bytes`, or an all-gather to which this rank
-/// gives `bytes` and which gathers `total` bytes from all ranks.
+/// One collective of a pass: an all-reduce of `bytes`; an all-gather to which this rank gives
+/// `bytes` and which gathers `total` bytes from all ranks; or an all-to-all in which this rank
+/// sends `bytes` (its own part included) and all ranks together `total`.
 struct Collective {
-  bool gather = false;
+  enum Kind { kAllReduce, kAllGather, kAllToAll };
+  Kind kind = kAllReduce;
   double bytes = 0, total = 0;
 };
 
@@ -58,12 +60,18 @@ std::vector<BenchStrategy> gated_strategies();
 void all_gather(tpnorm::Communicator& comm, const void* mine, void* out,
                 const std::vector<int>& bytes_by_rank);
 
+/// All-to-all with MPI_Alltoallv on MPI_COMM_WORLD: `send_bytes[p]` bytes of `mine` to rank p
+/// and `recv_bytes[p]` bytes from rank p into `out`, each side's blocks consecutive in rank
+/// order; timed and counted (the bytes this rank sends, its own block included) as all_gather.
+void all_to_all(tpnorm::Communicator& comm, const void* mine, const std::vector<int>& send_bytes,
+                void* out, const std::vector<int>& recv_bytes);
+
 /// Bytes this rank sends on the wire for `plan` under ring algorithms: all-reduce 2(P-1)/P B,
-/// all-gather (P-1)/P of the gathered total.
+/// all-gather (P-1)/P of the gathered total; an all-to-all (P-1)/P of its own bytes.
 double wire_bytes(const std::vector<Collective>& plan, int P);
 
 /// Modelled seconds of `plan` at P ranks: all-reduces on `ar` (ring, tree or the faster),
-/// all-gathers on `ag` with the mean share total / P.
+/// all-gathers and all-to-alls on `ag` with the mean share total / P.
 double plan_seconds(const std::vector<Collective>& plan, int P, const Topology& ar,
                     const Topology& ag, Algo algo);
 

@@ -166,15 +166,17 @@ TEST(BenchTraffic, StrategiesMakeThePlannedCollectivesAndMatchTheReference) {
         timed.reset_external_counters();
         fwd ? c->forward(timed) : c->backward(timed);
         const auto plan = s.plan(cfg, P, me, fwd);
-        uint64_t reduces = 0, gathers = 0, reduce_bytes = 0, gather_bytes = 0;
+        // all-reduces on the communicator; all-gathers and all-to-alls beside it (external)
+        uint64_t reduces = 0, others = 0, reduce_bytes = 0, other_bytes = 0;
         for (const Collective& k : plan) {
-          (k.gather ? gathers : reduces) += 1;
-          (k.gather ? gather_bytes : reduce_bytes) += static_cast<uint64_t>(k.bytes);
+          const bool reduce = k.kind == Collective::kAllReduce;
+          (reduce ? reduces : others) += 1;
+          (reduce ? reduce_bytes : other_bytes) += static_cast<uint64_t>(k.bytes);
         }
         EXPECT_EQ(timed.counters().calls, reduces);
         EXPECT_EQ(timed.counters().bytes_sent, reduce_bytes);
-        EXPECT_EQ(timed.external_counters().calls, gathers);
-        EXPECT_EQ(timed.external_counters().bytes_sent, gather_bytes);
+        EXPECT_EQ(timed.external_counters().calls, others);
+        EXPECT_EQ(timed.external_counters().bytes_sent, other_bytes);
       }
       const std::string n = s.name;
       const uint64_t R = 13;
@@ -190,6 +192,13 @@ TEST(BenchTraffic, StrategiesMakeThePlannedCollectivesAndMatchTheReference) {
       if (n == "qk_gather") {
         const int64_t kmine = tpnorm_test::split_even(cfg.kv_hidden, P).count[me];
         EXPECT_EQ(timed.external_counters().bytes_sent, R * (mine + kmine) * 4);
+      }
+      if (n == "qk_a2a") {  // backward: dy's columns out, this rank's tokens' dx rows back
+        const int64_t kmine = tpnorm_test::split_even(cfg.kv_hidden, P).count[me];
+        const int64_t tokens = tpnorm_test::split_even(13, P).count[me];
+        EXPECT_EQ(timed.external_counters().bytes_sent,
+                  (R * (mine + kmine) + tokens * (hidden + cfg.kv_hidden)) * 4);
+        EXPECT_EQ(timed.counters().bytes_sent, (hidden + cfg.kv_hidden) * 4);
       }
       EXPECT_EQ(tpnorm_test::sum_over_ranks(c->count_wrong()), 0);
     }

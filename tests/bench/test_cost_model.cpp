@@ -52,6 +52,16 @@ TEST(CostModel, FlatRingAllGather) {
   EXPECT_NEAR(allgather_seconds(flat(), 4, 1000) / us, 6.0, 1e-9);
 }
 
+TEST(CostModel, AllToAll) {
+  // Flat: alpha + (P-1)/P b beta: P=4, b=4000: 1 us + 3 us = 4 us.
+  EXPECT_NEAR(alltoall_seconds(flat(), 4, 4000) / us, 4.0, 1e-9);
+  // One node of 8: 2 + 1 + 7/8 * 8000 * 1 ns = 10 us. Two nodes (P=16): 2 + 5 + the larger of
+  // 7/16 * 8000 * 1 ns = 3.5 us (NVLink) and 8/16 * 8000 * 10 ns = 40 us (network) = 47 us.
+  EXPECT_NEAR(alltoall_seconds(hier(), 8, 8000) / us, 10.0, 1e-9);
+  EXPECT_NEAR(alltoall_seconds(hier(), 16, 8000) / us, 47.0, 1e-9);
+  EXPECT_EQ(alltoall_seconds(hier(), 1, 8000), 0.0);
+}
+
 TEST(CostModel, HierarchicalOneNode) {
   // P=8 fits one node: NVLink only. Ring: 2 + 14 * 1 + 2 * 7/8 * 8192 * 1 ns = 30.336 us.
   // Tree (a chain inside the node): 3 + 2 * 7 * 1 + 2 * 8.192 = 33.384 us.
@@ -124,9 +134,16 @@ TEST(CostModel, StrategyPlansAndWireBytes) {
   EXPECT_EQ(bytes("qk_tpnorm", true, 0), (2 * 512 + 2 + 10) * 8);
   EXPECT_EQ(bytes("qk_two", false, 0), 2 * (512 + 10) * 8);
   EXPECT_EQ(bytes("qk_gather", true, 0), 512 * (256 + 64) * 4);
-  // Wire bytes: all-reduce 2(P-1)/P B, all-gather (P-1)/P of the gathered total.
-  EXPECT_EQ(wire_bytes({{false, 8192, 8192}}, 4), 12288);
-  EXPECT_EQ(wire_bytes({{true, 1000, 4000}}, 4), 3000);
+  // OLMo-core's route: q and k to whole rows and back, each rank's columns then its 128 rows;
+  // backward the same plus the weights' gradients (1024 + 256 floats).
+  EXPECT_EQ(bytes("qk_a2a", true, 0), 512 * (256 + 64) * 4 + 128 * (1024 + 256) * 4);
+  EXPECT_EQ(bytes("qk_a2a", false, 0), 512 * (256 + 64) * 4 + 128 * (1024 + 256) * 4 +
+                                           (1024 + 256) * 4);
+  // Wire bytes: all-reduce 2(P-1)/P B, all-gather (P-1)/P of the gathered total, all-to-all
+  // (P-1)/P of the bytes this rank sends.
+  EXPECT_EQ(wire_bytes({{Collective::kAllReduce, 8192, 8192}}, 4), 12288);
+  EXPECT_EQ(wire_bytes({{Collective::kAllGather, 1000, 4000}}, 4), 3000);
+  EXPECT_EQ(wire_bytes({{Collective::kAllToAll, 1000, 4000}}, 4), 750);
 }
 
 }  // namespace

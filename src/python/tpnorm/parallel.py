@@ -13,7 +13,8 @@ dimension), keeping that class's numerics (tpnorm.norm_classes says how they are
 and bias become DTensor parameters Shard(0) on the mesh (uneven as DTensor splits), the module's
 forward runs tpnorm's op on the local shards (one all-reduce of statistics per forward and per
 backward, no all-gather of activations), and state_dict keys stay those of the module.
-QKNormPair does the same for an attention's q_norm and k_norm with ONE all-reduce for both.
+QKNormPair does the same for an attention's q_norm and k_norm with ONE all-reduce for both;
+olmo_core_qk_norm puts it into OLMo-core's own tensor parallelism (Transformer.apply_tp).
 HiddenShardedNorm also takes Mamba-2's gated RMSNorm (transformers' MambaRMSNormGated /
 Mamba2RMSNormGated, mamba_ssm's RMSNormGated: forward(hidden_states, gate)): its groups may span
 ranks, and both inputs are laid out alike. shard_mamba2_mixer splits a whole transformers
@@ -24,6 +25,7 @@ parameters) what torch.distributed.checkpoint.state_dict does for DTensor parame
 unsharded checkpoint loads slice by slice, and gathers back bit for bit.
 """
 import inspect
+import types
 from functools import partial
 
 import torch
@@ -264,8 +266,12 @@ class HiddenShardedNorm(ParallelStyle):
 class _Given:
     """What the attention's own forward sees as ``self`` in a paired call: the attention, except
     that its q/k projections return the tensors already computed and its q/k norms pass them
-    through (they were normalized together). Nothing of the module is changed, so a concurrent
-    or re-entrant call (activation checkpointing's recompute) sees the module as it is."""
+    through (they were normalized together). The module's own methods that its forward calls
+    (OLMo-core's ``self._prepare_qkv(x)``, which runs the projections and the norms) are bound
+    to this stand-in as well, so that they see the same replacements: bound to the module, they
+    would run the projections a second time and the norms on plain tensors. Attributes the
+    forward sets go to the module. Nothing else of the module is changed, so a concurrent or
+    re-entrant call (activation checkpointing's recompute) sees the module as it is."""
 
     def __init__(self, module, given):
         self.__dict__["_module"], self.__dict__["_given"] = module, given
@@ -274,7 +280,14 @@ class _Given:
         given = self.__dict__["_given"]
         if name in given:
             return given[name]
-        return getattr(self.__dict__["_module"], name)
+        module = self.__dict__["_module"]
+        value = getattr(module, name)
+        if isinstance(value, types.MethodType) and value.__self__ is module:
+            return types.MethodType(value.__func__, self)
+        return value
+
+    def __setattr__(self, name, value):
+        setattr(self.__dict__["_module"], name, value)
 
 
 def _paired_forward(self, hidden_states, *args, **kwargs):
@@ -326,9 +339,11 @@ def _paired_class(cls):
 class QKNormPair(ParallelStyle):
     """An attention's q_norm and k_norm, hidden-sharded as HiddenShardedNorm shards each, with
     ONE all-reduce for both per forward and per backward. For attentions that compute
-    ``q = q_norm(q_proj(h))`` and ``k = k_norm(k_proj(h))`` over all their heads (HF
-    transformers' OLMo 2, OLMo 3, OLMoE, FlexOlmo, MiniMax-M2): apply it to the attention module,
-    with torch's ColwiseParallel on the projections and RowwiseParallel on the output one:
+    ``q = q_norm(q_proj(h))`` and ``k = k_norm(k_proj(h))`` over all their heads, ``h`` the
+    forward's first argument, in the forward itself or in methods of the module that it calls
+    (HF transformers' OLMo 2, OLMo 3, OLMoE, FlexOlmo, MiniMax-M2; OLMo-core's Attention, whose
+    names are w_q, w_k: olmo_core_qk_norm below): apply it to the attention module, with
+    torch's ColwiseParallel on the projections and RowwiseParallel on the output one:
 
         plan = {"model.layers.*.self_attn": tpnorm.parallel.QKNormPair(),
                 "model.layers.*.self_attn.q_proj": ColwiseParallel(),
@@ -339,6 +354,8 @@ class QKNormPair(ParallelStyle):
     The attention's class gets a forward that runs the two projections, normalizes both in one
     call and then runs the class's own forward with those results in place of the projections'
     and the norms' (the module is not changed meanwhile); parameters and state_dict keys stay.
+    So nothing the attention does between a projection and its norm (OLMo-core's clip_qkv
+    clamp) would come before the norm: such attentions are not for this style.
 
     Keyword Args:
         q_proj, k_proj, q_norm, k_norm (str): the submodules' names (HF's by default).
@@ -493,6 +510,83 @@ def register_hf_style(name, style):
 
     ALL_PARALLEL_STYLES.register(name, _HFStyle())
     return name
+
+
+# --- OLMo-core's tensor parallelism -------------------------------------------------------------
+# OLMo-core (ai2-olmo-core) builds its models from its own modules, and Transformer.apply_tp (as
+# its train module's parallelize_model) calls each block's apply_tp, which calls its attention's
+# own apply_tp. For a q/k norm over all heads that one makes w_q / w_k put their output
+# sequence-sharded (Shard(1): an all-to-all of q and of k from the heads' split), runs the norms
+# as SequenceParallel and sends their output back to the heads' split (a second all-to-all),
+# in each pass. olmo_core_qk_norm gives each such attention an apply_tp of its own instead, which
+# OLMo-core's calls: its plan with q and k left head-sharded, and the two norms as QKNormPair.
+
+def _olmo_core_attention_tp(attn, stats, tp_mesh, input_layout=None, output_layout=None,
+                            use_local_output=True, float8_enabled=False):
+    """OLMo-core's Attention.apply_tp (same signature, same plan for the input, w_v, w_out and
+    w_g) with w_q / w_k plain column-parallel (local output) and q_norm / k_norm as QKNormPair."""
+    from olmo_core.nn.utils import get_tp_wrappers
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    rowwise, colwise, prepare_input = get_tp_wrappers(float8_enabled=float8_enabled)
+    del attn.apply_tp  # used once: the class's own again (applying TP twice fails as before)
+    parallelize_module(attn, tp_mesh, prepare_input(
+        input_layouts=None if input_layout is None else (input_layout,),
+        desired_input_layouts=(Replicate(),)))
+    plan = {"w_q": colwise(), "w_k": colwise(), "w_v": colwise(),
+            "w_out": rowwise(output_layouts=output_layout, use_local_output=use_local_output)}
+    if attn.w_g is not None:
+        plan["w_g"] = colwise()
+    parallelize_module(attn, tp_mesh, plan)
+    parallelize_module(attn, tp_mesh, QKNormPair(q_proj="w_q", k_proj="w_k", stats=stats))
+
+
+def olmo_core_qk_norm(model, *, stats="robust"):
+    """Makes OLMo-core's tensor parallelism keep q and k head-sharded and normalize them with
+    tpnorm, in every attention of ``model`` (an OLMo-core Transformer, or any module holding
+    OLMo-core Attention modules) whose q_norm and k_norm span all heads (OLMo 2, OLMo 3, OLMoE:
+    ``qk_norm`` without ``use_head_qk_norm``). Call it before TP is applied:
+
+        model = TransformerConfig.olmo2_7B(vocab_size=...).build(init_device="meta")
+        tpnorm.parallel.olmo_core_qk_norm(model)
+        model.apply_tp(tp_mesh)       # or OLMo-core's train module, which calls it
+
+    Each such attention gets an ``apply_tp`` of its own (an instance attribute, which OLMo-core's
+    block calls in place of the class's; removed when used) with OLMo-core's plan except that
+    w_q and w_k stay plain column-parallel and q_norm / k_norm become QKNormPair (stats: as its):
+    one all-reduce of per-token statistics per layer and pass instead of the two all-to-alls of q
+    and k. The norms' weights become DTensors Shard(0) (OLMo-core's: Replicate); state_dict keys
+    stay, and a distributed checkpoint of either loads into the other. Attentions without these
+    norms are left to OLMo-core. Refused, before anything changes: a model with none of them, a
+    subclass with its own apply_tp (FusedAttentionV2's packed w_qkv, NormalizedAttention),
+    clip_qkv (its clamp comes between projection and norm), scalable_softmax and
+    use_recompute_qkv_prep (its recompute would no longer cover the projections and norms).
+    Returns ``model``."""
+    from olmo_core.nn.attention import Attention
+
+    chosen = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, Attention) or mod.q_norm is None or mod.k_norm is None or \
+                mod.use_head_qk_norm:
+            continue
+        where = f"tpnorm.parallel.olmo_core_qk_norm: {name or 'the model'} ({type(mod).__name__})"
+        if type(mod).apply_tp is not Attention.apply_tp:
+            raise ValueError(f"{where} has its own apply_tp; only OLMo-core's Attention plan is "
+                             "taken")
+        if mod.clip_qkv is not None or mod.ssmax_scale is not None or \
+                mod.use_recompute_qkv_prep:
+            raise ValueError(f"{where} uses clip_qkv, scalable_softmax or "
+                             "use_recompute_qkv_prep, which this route does not keep")
+        if "apply_tp" in mod.__dict__:
+            raise ValueError(f"{where} is already set")
+        chosen.append(mod)
+    if not chosen:
+        raise ValueError("tpnorm.parallel.olmo_core_qk_norm: no OLMo-core Attention with q_norm "
+                         "and k_norm over all heads in the model")
+    for mod in chosen:
+        mod.apply_tp = partial(_olmo_core_attention_tp, mod, stats)
+    return model
 
 
 # --- Mamba-2 mixers, head-parallel ------------------------------------------------------------
